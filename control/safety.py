@@ -1,0 +1,32 @@
+"""Joint position and velocity limits applied to every command before it leaves the control loop."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+@dataclass
+class SafetyLimits:
+    """Per-joint limits. Defaults are the Schunk LWA 4P ranges (±170° on every joint, a conservative
+    reading of the datasheet) and 2 rad/s, above the 1.3 rad/s peak seen in the recordings."""
+
+    q_min_rad: list[float] = field(default_factory=lambda: [-2.967] * 6)
+    q_max_rad: list[float] = field(default_factory=lambda: [2.967] * 6)
+    qd_max_rad_s: float = 2.0
+
+    def __post_init__(self):
+        if len(self.q_min_rad) != len(self.q_max_rad):
+            raise ValueError("SafetyLimits.q_min_rad and q_max_rad must have the same length")
+        if any(lo >= hi for lo, hi in zip(self.q_min_rad, self.q_max_rad)):
+            raise ValueError("SafetyLimits.q_min_rad must be below q_max_rad for every joint")
+        if self.qd_max_rad_s <= 0:
+            raise ValueError(f"SafetyLimits.qd_max_rad_s must be > 0, got {self.qd_max_rad_s}")
+
+    def clamp(self, q_rad: np.ndarray, q_last_rad: np.ndarray | None, period_s: float) -> tuple[np.ndarray, bool]:
+        """Clamp to the position box and to qd_max from the last command. Returns (q_rad, was_clamped)."""
+        q = np.clip(q_rad, self.q_min_rad, self.q_max_rad)
+        if q_last_rad is not None:
+            step = self.qd_max_rad_s * period_s
+            q = np.clip(q, q_last_rad - step, q_last_rad + step)
+        return q, bool(np.any(q != q_rad))

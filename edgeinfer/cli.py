@@ -1,0 +1,61 @@
+"""`edgeinfer` command line: replay (the main job), serve (runtime node), control (control loop node), train."""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from edgeinfer.config_cli import add_options, build, load_launch
+
+
+def main(argv: list[str] | None = None) -> int:
+    from edgeinfer.control.loop import ControlConfig
+    from edgeinfer.runtime import RuntimeConfig
+    from edgeinfer.sim.replay import ReplayConfig
+    from edgeinfer.transport import Endpoints
+
+    from edgeinfer.engines.train import TrainConfig
+
+    parser = argparse.ArgumentParser(prog="edgeinfer", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("replay", help="replay a recorded arm log through runtime + control over ZeroMQ")
+    p.add_argument("--launch", type=Path, default=None, help="TOML launch file filling these options")
+    add_options(p, ReplayConfig)
+    p = sub.add_parser("serve", help="run the runtime node (observations in, action chunks out)")
+    add_options(p, RuntimeConfig, Endpoints)
+    p = sub.add_parser("control", help="run the fixed-rate control loop node")
+    add_options(p, ControlConfig, Endpoints)
+    p = sub.add_parser("train", help="train the target policy on the Schunk recordings")
+    add_options(p, TrainConfig)
+    args = parser.parse_args(argv)
+
+    if args.command == "replay":
+        from edgeinfer.sim.replay import replay
+
+        cfg = build(ReplayConfig, args, load_launch(args.launch, "replay"))
+        report = replay(cfg)
+        print(f"wrote {cfg.out / 'report.json'} and {cfg.out / 'latency.png'}")
+        return 0 if report["commands_received"] > 0 else 1
+    if args.command == "serve":
+        from edgeinfer.runtime import serve
+
+        serve(build(RuntimeConfig, args), build(Endpoints, args))
+        return 0
+    if args.command == "control":
+        from edgeinfer.control.loop import ControlLoop
+
+        with ControlLoop(build(ControlConfig, args), build(Endpoints, args)) as loop:
+            stats = loop.run(loop.handshake())
+        print(f"control: {stats}")
+        return 0
+    if args.command == "train":
+        from edgeinfer.engines.train import train
+
+        policy = train(build(TrainConfig, args))
+        print(f"wrote {policy.manifest['weights']}; held-out metrics: {policy.manifest['metrics_held_out']}")
+        return 0
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

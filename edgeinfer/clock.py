@@ -1,0 +1,52 @@
+"""Absolute-deadline timing on the monotonic clock (the sleeping policy, in one small module).
+
+`time.perf_counter_ns()` is CLOCK_MONOTONIC on Linux: one clock shared by every process on a host, so a
+start epoch sent in a message means the same instant to the replayer, the runtime and the control loop.
+"""
+from __future__ import annotations
+
+import time
+
+now_ns = time.perf_counter_ns
+
+
+def sleep_until(deadline_ns: int, spin_ns: int = 200_000) -> int:
+    """Sleep until `spin_ns` before the deadline, then spin to it. Returns the lateness in ns (>= 0)."""
+    remaining = deadline_ns - now_ns()
+    if remaining > spin_ns:
+        # the OS wake-up is coarse (~60-100 us); sleeping into the spin window absorbs it
+        time.sleep((remaining - spin_ns) / 1e9)
+    while now_ns() < deadline_ns:
+        pass
+    return now_ns() - deadline_ns
+
+
+class Ticker:
+    """Fixed-rate ticks at t0 + n * period on absolute deadlines.
+
+    `wait()` returns the index of the next tick to run. After an overrun the ticks whose time has already
+    passed are counted in `overruns` and skipped, never run late in a catch-up burst.
+    """
+
+    def __init__(self, t0_ns: int, period_ns: int, spin_ns: int = 200_000):
+        if period_ns <= 0:
+            raise ValueError(f"period_ns must be > 0, got {period_ns}")
+        self.t0_ns, self.period_ns, self.spin_ns = t0_ns, period_ns, spin_ns
+        self.next_tick = 0
+        self.overruns = 0
+        self.max_lateness_ns = 0
+
+    def tick_time_ns(self, n: int) -> int:
+        return self.t0_ns + n * self.period_ns
+
+    def wait(self) -> int:
+        n = self.next_tick
+        late = now_ns() - self.tick_time_ns(n)
+        if late >= self.period_ns:  # missed whole periods: skip them, no burst
+            skipped = late // self.period_ns
+            self.overruns += skipped
+            n += skipped
+        lateness = sleep_until(self.tick_time_ns(n), self.spin_ns)
+        self.max_lateness_ns = max(self.max_lateness_ns, lateness)
+        self.next_tick = n + 1
+        return n

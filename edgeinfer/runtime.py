@@ -1,0 +1,137 @@
+"""The runtime node: observation -> tokens -> verified chunk under the tick's budget -> ActionChunk.
+
+Fallback ladder when the budget cannot hold the full plan, best first (every chunk names its rung):
+    full      every action token verified by the target
+    partial   the steps fully verified so far (a shorter horizon)
+    draft     no complete verified step: the verified prefix plus the drafter's tokens, unverified
+    continue  nothing new: the control loop keeps the previous chunk
+(the last rung, hold, is the control loop's watchdog.)
+"""
+from __future__ import annotations
+
+import signal
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+import zmq
+
+from edgeinfer import transport
+from edgeinfer.clock import now_ns
+from edgeinfer.engines.drafters import make_drafter
+from edgeinfer.engines.policy import DEFAULT_POLICY, load_policy
+from edgeinfer.scheduler import SchedulerConfig, TickPlanner
+from edgeinfer.speculative import speculative_decode
+from edgeinfer.wire import ActionChunk, Observation, Start, Stop
+
+DECODES = ("speculative", "target-only")
+
+
+@dataclass
+class RuntimeConfig:
+    """policy: manifest JSON. decode: speculative | target-only. threads: torch intra-op threads."""
+
+    policy: Path = DEFAULT_POLICY
+    decode: str = "speculative"
+    drafter: str = "kinematic"
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    warmup_chunks: int = 30
+    threads: int = 1
+
+    def __post_init__(self):
+        self.policy = Path(self.policy)
+        if self.decode not in DECODES:
+            raise ValueError(f"RuntimeConfig.decode must be one of {DECODES}, got {self.decode!r}")
+        if self.threads < 1:
+            raise ValueError(f"RuntimeConfig.threads must be >= 1, got {self.threads}")
+
+
+class PolicyRuntime:
+    """In-process API: build one ActionChunk per observation within the scheduler's budget."""
+
+    def __init__(self, cfg: RuntimeConfig):
+        torch.set_num_threads(cfg.threads)
+        self.cfg = cfg
+        self.policy = load_policy(cfg.policy)
+        self.policy.model.setup_cache(1)
+        self.drafter = make_drafter(cfg.drafter, self.policy.tokenizer)
+        k_max = cfg.scheduler.k_max if cfg.decode == "speculative" else 0
+        self.planner = TickPlanner(SchedulerConfig(**{**cfg.scheduler.__dict__, "k_max": k_max}))
+        self.n_chunks = 0
+
+    def warmup(self, obs: Observation) -> None:
+        """Run unbudgeted decodes so that the cost estimates (and torch's caches) are populated."""
+        for i in range(self.cfg.warmup_chunks):
+            if i == self.cfg.warmup_chunks // 3:
+                self.planner.latency.clear()  # drop the one-off costs of the first calls
+            self.step(obs, budget=False)
+        self.n_chunks = 0
+
+    def step(self, obs: Observation, t_start_ns: int | None = None, step_ns: int = 20_000_000,
+             budget: bool = True) -> ActionChunk:
+        """Decode a chunk for `obs`; the budget runs from t_start_ns (default now). step_ns: chunk step."""
+        p, d = self.policy, self.policy.cfg.n_joints
+        self.planner.start(t_start_ns) if budget else self.planner.unlimited()
+        self.drafter.reset(obs.q_rad, obs.qd_rad_s, obs.q_prev_rad)
+        drafter = self.drafter if self.cfg.decode == "speculative" else None
+        res = speculative_decode(p.model, p.obs_tensor(obs.q_rad, obs.qd_rad_s, obs.q_prev_rad),
+                                 p.cfg.n_tokens, drafter, self.planner)
+        tokens = res.tokens
+        if res.complete:
+            rung = "full"
+        elif len(tokens) >= d:
+            rung, tokens = "partial", tokens[: len(tokens) // d * d]
+        elif drafter is not None:
+            rung, tokens = "draft", tokens + drafter.propose(tokens, p.cfg.n_tokens - len(tokens))
+        else:
+            rung, tokens = "continue", []
+        steps = obs.q_rad + p.tokenizer.decode(np.array(tokens, dtype=np.int64)) if tokens else np.zeros((0, d))
+        self.n_chunks += 1
+        return ActionChunk(
+            seq=self.n_chunks, obs_seq=obs.seq, t_obs_ns=obs.t_ns, t_ready_ns=now_ns(), step_ns=step_ns,
+            steps_rad=np.vstack([obs.q_rad[None, :], steps]), rung=rung, tokens=len(res.tokens),
+            target_passes=res.target_passes, drafted=res.drafted, accepted=res.accepted)
+
+
+def serve(cfg: RuntimeConfig, endpoints: transport.Endpoints, handshake_timeout_s: float = 60.0) -> int:
+    """Run the runtime node until a Stop message (or SIGTERM). Returns the number of chunks sent."""
+    runtime = PolicyRuntime(cfg)
+    stop = {"flag": False}
+    signal.signal(signal.SIGTERM, lambda *_: stop.update(flag=True))
+    ctx = zmq.Context()
+    try:
+        obs_rx = transport.Receiver(transport.sub(ctx, endpoints.obs))
+        chunk_pub = transport.pub(ctx, endpoints.chunks, bind=True)
+        ready = transport.push(ctx, endpoints.ready)
+        start = _handshake(runtime, obs_rx, chunk_pub, ready, handshake_timeout_s)
+        step_ns = start.period_ns * runtime.policy.cfg.stride_ticks
+        while not stop["flag"]:
+            msg = obs_rx.recv_latest(100)  # latest-only: a stale observation is worse than none
+            if isinstance(msg, Stop):
+                break
+            if isinstance(msg, Observation):
+                transport.send(chunk_pub, runtime.step(msg, now_ns(), step_ns))
+        return runtime.n_chunks
+    finally:
+        ctx.destroy(linger=0)
+
+
+def _handshake(runtime, obs_rx, chunk_pub, ready, timeout_s: float) -> Start:
+    """Warm up, then publish Hellos on the chunk PUB (for its subscribers) until Start arrives."""
+    d = runtime.policy.cfg.n_joints
+    mean = runtime.policy.feat_mean
+    runtime.warmup(Observation(0, now_ns(), mean[:d], mean[d:2 * d], mean[:d] - mean[2 * d:3 * d]))
+    announced, i = False, 0
+    deadline = now_ns() + int(timeout_s * 1e9)
+    while now_ns() < deadline:
+        transport.send(chunk_pub, transport.Hello("runtime", i, now_ns()))
+        i += 1
+        msg = obs_rx.recv(transport.HELLO_PERIOD_MS)
+        if isinstance(msg, transport.Hello) and not announced:
+            announced = transport.announce_ready(ready, "runtime")
+        elif isinstance(msg, Start):
+            return msg
+        elif isinstance(msg, Stop):
+            raise RuntimeError(f"stopped before start: {msg.reason}")
+    raise TimeoutError("runtime: no Start message")

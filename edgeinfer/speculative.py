@@ -1,0 +1,108 @@
+"""Greedy speculative decoding of action tokens: the hot path, top to bottom.
+
+    prefill(obs)              one target pass at position 0        -> greedy action token 0
+    draft(tokens, k)          the drafter proposes k tokens         (near-zero cost for kinematic)
+    verify(last, drafts)      one target pass over k+1 positions    -> the target's greedy choice at each
+    accept                    the longest prefix of drafts that equals the target's choices, plus the
+                              target's own token after it (the correction, or the bonus if all matched)
+
+Greedy acceptance (Leviathan et al. 2023, arXiv 2211.17192, with temperature 0; Chen et al. 2023,
+arXiv 2302.01318): draft i is kept iff it equals argmax p_target(. | prefix + drafts[:i]). Every committed
+token is therefore the target's own greedy token, so the output is token-for-token identical to
+target-only greedy decoding, whatever the drafter proposes. Rejected drafts need no cache copy: their KV
+entries sit at positions past the committed prefix and are overwritten by the next pass (see model.py).
+
+A `Planner` (edgeinfer.scheduler) decides before each pass how many drafts to verify, or that the tick's
+budget cannot hold another pass; decoding then stops with a verified prefix.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import torch
+
+from edgeinfer.engines.drafters import Drafter
+from edgeinfer.engines.model import ActionTransformer
+
+
+class Planner(Protocol):
+    def plan(self, committed: int, remaining: int) -> int | None:
+        """Drafts to verify in the next pass (0 = plain target step), or None when no pass fits."""
+
+    def record(self, op: str, k: int, duration_ns: int) -> None: ...
+
+
+@dataclass
+class DecodeResult:
+    """tokens: committed (target-verified) action tokens, in order. complete: all n_tokens produced."""
+
+    tokens: list[int] = field(default_factory=list)
+    target_passes: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    complete: bool = False
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        return self.accepted / self.drafted if self.drafted else None
+
+
+@torch.inference_mode()
+def prefill(model: ActionTransformer, obs: torch.Tensor) -> int:
+    """Write position 0 (the observation) into the cache; return the greedy action token 0."""
+    logits = model(obs, torch.empty(1, 0, dtype=torch.long), torch.tensor([0]))
+    return int(logits[0, -1].argmax())
+
+
+@torch.inference_mode()
+def verify(model: ActionTransformer, last: int, drafts: list[int], n_committed: int) -> list[int]:
+    """Feed [last committed token] + drafts at positions n_committed..n_committed+k.
+
+    Returns the target's greedy token after each fed position (k+1 ints): entry i is the target's choice
+    for action token n_committed + i, given the committed prefix and drafts[:i].
+    """
+    fed = torch.tensor([[last, *drafts]])
+    pos = torch.arange(n_committed, n_committed + 1 + len(drafts))
+    return model(None, fed, pos)[0].argmax(-1).tolist()
+
+
+def speculative_decode(model: ActionTransformer, obs: torch.Tensor, n_tokens: int,
+                       drafter: Drafter | None, planner: Planner) -> DecodeResult:
+    """Greedy decoding of up to n_tokens action tokens for one observation (batch 1).
+
+    obs: (1, obs_dim) float32. drafter None (or plans of k=0) gives target-only decoding.
+    The model's cache must be set up (model.setup_cache(1)). Returns the verified tokens; `complete`
+    is False when the planner stopped early for lack of budget.
+    """
+    res = DecodeResult()
+    if planner.plan(0, n_tokens) is None:
+        return res
+    t0 = time.perf_counter_ns()
+    res.tokens.append(prefill(model, obs))
+    res.target_passes += 1
+    planner.record("prefill", 0, time.perf_counter_ns() - t0)
+    while len(res.tokens) < n_tokens:
+        n = len(res.tokens)
+        k = planner.plan(n, n_tokens - n)
+        if k is None:
+            return res
+        k = min(k, n_tokens - n - 1) if drafter is not None else 0
+        t0 = time.perf_counter_ns()
+        drafts = drafter.propose(res.tokens, k) if k > 0 else []
+        t1 = time.perf_counter_ns()
+        choices = verify(model, res.tokens[-1], drafts, n)
+        planner.record("draft", k, t1 - t0)
+        planner.record("verify", k, time.perf_counter_ns() - t1)
+        accepted = 0
+        while accepted < k and drafts[accepted] == choices[accepted]:
+            accepted += 1
+        res.tokens.extend(drafts[:accepted])
+        res.tokens.append(choices[accepted])  # the target's correction, or its bonus token
+        res.target_passes += 1
+        res.drafted += k
+        res.accepted += accepted
+    del res.tokens[n_tokens:]
+    res.complete = True
+    return res

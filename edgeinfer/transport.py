@@ -1,0 +1,229 @@
+"""ZeroMQ sockets for edgeinfer messages: bounded queues, no lingering, latest-only receive.
+
+Every socket gets LINGER 0 (closing never waits on unsent data) and a bounded SNDHWM/RCVHWM,
+so a slow or dead peer costs dropped messages, never memory or a blocked control loop.
+
+Start handshake (PUB/SUB slow joiner): a SUB connecting to a PUB receives nothing until its
+subscription has reached the publisher, and PUB silently drops everything sent before that.
+So before the run starts:
+
+1. The coordinator binds a PULL "ready" socket and calls `wait_until_subscribed`, which
+   publishes `Hello(sender, i, t_ns)` on its PUB every ~10 ms.
+2. Each peer connects its SUB sockets and a PUSH to the ready endpoint, keeps reading its SUBs
+   until it has received a Hello on *every* SUB it needs (`wait_for_hello`), then calls
+   `announce_ready(push, name)`, which sends `Hello(name, ...)` on the PUSH.
+3. Once every expected name has arrived on the ready PULL, `wait_until_subscribed` returns.
+
+A Hello received on a SUB proves that subscription is live on the publisher, so no later
+message on that socket can be lost to the slow joiner (only to a full HWM). Where a peer
+subscribes to several publishers, each of them must be publishing Hellos while the peer waits.
+Hellos may still be queued on a SUB after the handshake: consumers skip `Hello` messages.
+"""
+
+import socket
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import zmq
+
+from edgeinfer.wire import Hello, Message, WireError, decode, encode
+
+DEFAULT_HWM = 100
+HELLO_PERIOD_MS = 10
+
+
+@dataclass
+class Endpoints:
+    """ZMQ endpoints of one run; tcp://127.0.0.1 unless a caller passes others."""
+
+    obs: str  # Observation, replayer/robot PUB -> SUBs
+    chunks: str  # ActionChunk, runtime PUB -> control (and replayer) SUBs
+    commands: str  # JointCommand, control -> replayer
+    ready: str  # handshake: peers PUSH Hello -> coordinator PULL
+
+    @classmethod
+    def free_loopback(cls) -> "Endpoints":
+        """Four distinct free TCP ports on 127.0.0.1 (asked of the kernel via port 0).
+
+        The ports are released before return, so another process could take one in between;
+        good enough for tests and single-host runs.
+        """
+        socks = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(4)]
+        try:
+            for s in socks:  # all held open at once so the four ports differ
+                s.bind(("127.0.0.1", 0))
+            ports = [s.getsockname()[1] for s in socks]
+        finally:
+            for s in socks:
+                s.close()
+        return cls(*(f"tcp://127.0.0.1:{p}" for p in ports))
+
+
+def _socket(ctx: zmq.Context, kind: int, endpoint: str, bind: bool, hwm: int) -> zmq.Socket:
+    if hwm < 1:  # 0 would mean "unbounded" to ZMQ, which we never want
+        raise ValueError(f"hwm must be >= 1, got {hwm}")
+    sock = ctx.socket(kind)
+    try:
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.SNDHWM, hwm)
+        sock.setsockopt(zmq.RCVHWM, hwm)
+        if kind == zmq.SUB:
+            sock.setsockopt(zmq.SUBSCRIBE, b"")  # before connect, so no message predates it
+        if bind:
+            sock.bind(endpoint)
+        else:
+            sock.connect(endpoint)
+    except zmq.ZMQError:
+        sock.close()
+        raise
+    return sock
+
+
+def pub(ctx: zmq.Context, endpoint: str, bind: bool = True, hwm: int = DEFAULT_HWM) -> zmq.Socket:
+    """PUB socket; raises zmq.ZMQError when the endpoint cannot be bound/connected."""
+    return _socket(ctx, zmq.PUB, endpoint, bind, hwm)
+
+
+def sub(ctx: zmq.Context, endpoint: str, bind: bool = False, hwm: int = DEFAULT_HWM) -> zmq.Socket:
+    """SUB socket subscribed to everything."""
+    return _socket(ctx, zmq.SUB, endpoint, bind, hwm)
+
+
+def push(ctx: zmq.Context, endpoint: str, bind: bool = False, hwm: int = DEFAULT_HWM) -> zmq.Socket:
+    """PUSH socket (connects by default: many pushers, one puller)."""
+    return _socket(ctx, zmq.PUSH, endpoint, bind, hwm)
+
+
+def pull(ctx: zmq.Context, endpoint: str, bind: bool = True, hwm: int = DEFAULT_HWM) -> zmq.Socket:
+    """PULL socket (binds by default)."""
+    return _socket(ctx, zmq.PULL, endpoint, bind, hwm)
+
+
+def send(sock: zmq.Socket, msg: Message) -> bool:
+    """Send `msg` without blocking; False when the send queue is full (HWM reached, nobody reading).
+
+    The caller counts the Falses; the control path must never wait on a socket. A PUB never
+    returns False: at its HWM it drops silently. Frames are sent zero-copy when large (pyzmq
+    copies below zmq.COPY_THRESHOLD), so do not mutate the arrays of `msg` after sending.
+    Raises WireError when `msg` is not encodable.
+    """
+    try:
+        sock.send_multipart(encode(msg), flags=zmq.NOBLOCK, copy=False)
+    except zmq.Again:
+        return False
+    return True
+
+
+class Receiver:
+    """Decoding reader for one socket; malformed messages are counted and skipped, never fatal.
+
+    Counters: `received` (valid messages decoded), `malformed` (messages that raised WireError;
+    `last_error` keeps the newest text), `stale_dropped` (older messages discarded by
+    `recv_latest`). The Receiver does not own the socket unless `close()` is called.
+    """
+
+    def __init__(self, sock: zmq.Socket):
+        self.sock = sock
+        self.received = 0
+        self.malformed = 0
+        self.stale_dropped = 0
+        self.last_error = ""
+
+    def _decode(self, frames: list[Any]) -> Message | None:
+        try:
+            msg = decode(frames)
+        except WireError as e:  # a bad peer must not take the reader down with it
+            self.malformed += 1
+            self.last_error = str(e)
+            return None
+        self.received += 1
+        return msg
+
+    def recv(self, timeout_ms: int) -> Message | None:
+        """Next valid message, waiting up to `timeout_ms` (>= 0) ms; None on timeout."""
+        if timeout_ms < 0:
+            raise ValueError(f"timeout_ms must be >= 0, got {timeout_ms}")
+        deadline_ns = time.perf_counter_ns() + timeout_ms * 1_000_000
+        while True:
+            left_ms = max(0, (deadline_ns - time.perf_counter_ns() + 999_999) // 1_000_000)
+            if not self.sock.poll(left_ms, zmq.POLLIN):
+                return None
+            msg = self._decode(self.sock.recv_multipart(copy=False))
+            if msg is not None:
+                return msg
+
+    def drain(self, limit: int = 10_000) -> list[Message]:
+        """All valid messages already queued, oldest first; at most `limit`, so a fast sender cannot pin us."""
+        out = []
+        for _ in range(limit):
+            try:
+                frames = self.sock.recv_multipart(flags=zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                break
+            msg = self._decode(frames)
+            if msg is not None:
+                out.append(msg)
+        return out
+
+    def recv_latest(self, timeout_ms: int) -> Message | None:
+        """Newest queued message, waiting up to `timeout_ms` for the first; older ones are dropped.
+
+        ZMQ_CONFLATE would do this in the socket, but it does not support multipart messages,
+        so we drain in user space and count what we discard in `stale_dropped`.
+        """
+        first = self.recv(timeout_ms)
+        if first is None:
+            return None
+        rest = self.drain()
+        self.stale_dropped += len(rest)
+        return rest[-1] if rest else first
+
+    def close(self) -> None:
+        self.sock.close(linger=0)
+
+
+def announce_ready(push_sock: zmq.Socket, name: str) -> bool:
+    """Peer side of the handshake: report `name` ready. Call only after `wait_for_hello`."""
+    return send(push_sock, Hello(name, 0, time.perf_counter_ns()))
+
+
+def wait_for_hello(receivers: list[Receiver], timeout_s: float) -> None:
+    """Block until each receiver has yielded a Hello (other messages are discarded).
+
+    Raises TimeoutError naming the receivers' endpoints still silent after `timeout_s` s.
+    """
+    deadline = time.monotonic() + timeout_s
+    waiting = list(receivers)
+    while waiting:
+        for r in list(waiting):
+            if isinstance(r.recv(HELLO_PERIOD_MS), Hello):
+                waiting.remove(r)
+        if waiting and time.monotonic() > deadline:
+            names = [r.sock.getsockopt_string(zmq.LAST_ENDPOINT) for r in waiting]
+            raise TimeoutError(f"no Hello within {timeout_s} s on {names}")
+
+
+def wait_until_subscribed(pub_sock: zmq.Socket, sender: str, ready_receiver: Receiver,
+                          expect: set[str], timeout_s: float, check: Callable[[], None] | None = None) -> None:
+    """Coordinator side: publish Hellos every ~10 ms until every name in `expect` reports ready.
+
+    Ready reports are Hello messages on `ready_receiver` (a PULL) whose `sender` is the peer's
+    name; other messages there are ignored. Raises TimeoutError naming the missing peers.
+    `check`, if given, runs every period and may raise to abort (e.g. when a peer process died).
+    """
+    deadline = time.monotonic() + timeout_s
+    missing = set(expect)
+    i = 0
+    while missing:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{sender}: peers not subscribed within {timeout_s} s: {sorted(missing)}")
+        if check is not None:
+            check()
+        send(pub_sock, Hello(sender, i, time.perf_counter_ns()))
+        i += 1
+        slot_end = time.monotonic() + HELLO_PERIOD_MS / 1000
+        while missing and (left := slot_end - time.monotonic()) > 0:
+            msg = ready_receiver.recv(int(left * 1000))
+            if isinstance(msg, Hello):
+                missing.discard(msg.sender)

@@ -1,0 +1,264 @@
+"""Wire format: one msgpack header frame plus raw little-endian array frames. Never pickle.
+
+A message is a list of ZMQ frames::
+
+    frame 0   msgpack map {"schema": str, "version": int, <scalar fields>,
+                           "arrays": [{"name": str, "dtype": "<f8", "shape": [int, ...]}, ...]}
+    frame 1.. one C-contiguous "<f8" buffer per entry of "arrays", in that order
+
+`decode` treats every frame as hostile: it checks sizes before unpacking or allocating and
+raises `WireError` naming the schema and field for anything off-spec. All times are ns on
+CLOCK_MONOTONIC (`time.perf_counter_ns()` on Linux), which every process on one host shares.
+"""
+
+import math
+from dataclasses import dataclass, fields
+from typing import Any, ClassVar, Sequence
+
+import msgpack
+import numpy as np
+
+RUNGS = ("full", "partial", "draft", "continue", "hold")
+MAX_HEADER_BYTES = 64 * 1024  # headers are a few hundred bytes; anything bigger is an attack or a bug
+MAX_FRAMES = 16
+_DTYPE = "<f8"  # the only array dtype on the wire: joint-space data is float64, little-endian
+_DIM_BOUNDS = {"D": (1, 32), "H": (0, 256)}  # inclusive; D = joints, H = chunk steps
+# unpackb has no max_buffer_size; the header is capped by MAX_HEADER_BYTES before unpacking.
+_UNPACK_LIMITS = dict(max_str_len=4096, max_bin_len=0, max_array_len=64, max_map_len=64, max_ext_len=0)
+_INT64 = (-(2**63), 2**63 - 1)
+
+
+class WireError(ValueError):
+    """Frames that are not a valid message; the text names the schema and field at fault."""
+
+
+@dataclass
+class Observation:
+    """Robot state, replayer/robot -> runtime and control. Arrays are (D,) float64."""
+
+    SCHEMA: ClassVar[str] = "edgeinfer.Observation"
+    VERSION: ClassVar[int] = 1
+    ARRAYS: ClassVar[dict] = {"q_rad": ("D",), "qd_rad_s": ("D",), "q_prev_rad": ("D",)}
+    seq: int  # observation index == control tick index
+    t_ns: int  # monotonic time the observation was sent
+    q_rad: np.ndarray  # (D,) joint positions
+    qd_rad_s: np.ndarray  # (D,) joint velocities
+    q_prev_rad: np.ndarray  # (D,) joint positions one chunk step (stride) earlier
+
+
+@dataclass
+class ActionChunk:
+    """Future joint targets, runtime -> control (the replayer listens too)."""
+
+    SCHEMA: ClassVar[str] = "edgeinfer.ActionChunk"
+    VERSION: ClassVar[int] = 1
+    ARRAYS: ClassVar[dict] = {"steps_rad": ("H", "D")}
+    seq: int  # chunk counter of the runtime
+    obs_seq: int  # observation this chunk was built from
+    t_obs_ns: int  # that observation's t_ns
+    t_ready_ns: int  # monotonic time the chunk was ready
+    step_ns: int  # time between chunk steps
+    steps_rad: np.ndarray  # (H+1, D) float64 rad: row 0 the observed q at t_obs (anchor), row h the target at t_obs + h*step_ns
+    rung: str  # fallback rung that produced it, one of RUNGS
+    tokens: int  # action tokens produced this chunk
+    target_passes: int  # target forward passes used
+    drafted: int  # draft tokens proposed to the target
+    accepted: int  # draft tokens accepted by the target
+
+
+@dataclass
+class JointCommand:
+    """One control tick's command, control -> replayer."""
+
+    SCHEMA: ClassVar[str] = "edgeinfer.JointCommand"
+    VERSION: ClassVar[int] = 1
+    ARRAYS: ClassVar[dict] = {"q_rad": ("D",)}
+    seq: int  # control tick index
+    obs_seq: int  # newest observation the control loop had seen, -1 if none
+    chunk_obs_seq: int  # obs_seq of the chunk used, -1 if none
+    t_ns: int  # monotonic time the command was sent
+    q_rad: np.ndarray  # (D,) commanded joint positions
+    rung: str  # rung of the chunk used, or "hold" when the watchdog held
+
+
+@dataclass
+class Hello:
+    """Start-handshake probe (see edgeinfer.transport); also a peer's ready report."""
+
+    SCHEMA: ClassVar[str] = "edgeinfer.Hello"
+    VERSION: ClassVar[int] = 1
+    ARRAYS: ClassVar[dict] = {}
+    sender: str
+    seq: int
+    t_ns: int
+
+
+@dataclass
+class Start:
+    """Run start: tick k is due at t0_ns + k * period_ns, for k < n_ticks."""
+
+    SCHEMA: ClassVar[str] = "edgeinfer.Start"
+    VERSION: ClassVar[int] = 1
+    ARRAYS: ClassVar[dict] = {}
+    t0_ns: int
+    period_ns: int
+    n_ticks: int
+
+
+@dataclass
+class Stop:
+    """Run end, with a human-readable reason."""
+
+    SCHEMA: ClassVar[str] = "edgeinfer.Stop"
+    VERSION: ClassVar[int] = 1
+    ARRAYS: ClassVar[dict] = {}
+    reason: str
+
+
+Message = Observation | ActionChunk | JointCommand | Hello | Start | Stop
+_REGISTRY = {cls.SCHEMA: cls for cls in (Observation, ActionChunk, JointCommand, Hello, Start, Stop)}
+
+
+def _scalars(cls: type) -> list:
+    return [f for f in fields(cls) if f.name not in cls.ARRAYS]
+
+
+def _check_scalar(where: str, name: str, typ: type, value: Any) -> None:
+    # `type(...) is` rather than isinstance: bool is an int subclass and must not pass as one.
+    if type(value) is not typ:
+        raise WireError(f"{where}: field {name!r}: got {type(value).__name__}, expected {typ.__name__}")
+    if typ is int and not _INT64[0] <= value <= _INT64[1]:
+        raise WireError(f"{where}: field {name!r}: {value} does not fit int64")
+    if name == "rung" and value not in RUNGS:
+        raise WireError(f"{where}: field 'rung': {value!r} not in {RUNGS}")
+
+
+def _check_arrays(cls: type, metas: Any) -> list[tuple[int, ...]]:
+    """Shapes of the arrays described by `metas`, checked against `cls.ARRAYS` and the D/H bounds."""
+    where = cls.SCHEMA
+    if not isinstance(metas, list):
+        raise WireError(f"{where}: field 'arrays': got {type(metas).__name__}, expected list")
+    names = [m.get("name") if isinstance(m, dict) else None for m in metas]
+    if names != list(cls.ARRAYS):
+        raise WireError(f"{where}: field 'arrays': names {names!r}, expected {list(cls.ARRAYS)!r}")
+    dims: dict[str, int] = {}
+    shapes = []
+    for meta in metas:
+        name, symbols = meta["name"], cls.ARRAYS[meta["name"]]
+        at = f"{where}: array {name!r}"
+        if set(meta) != {"name", "dtype", "shape"}:
+            raise WireError(f"{at}: keys {sorted(map(str, meta))}, expected ['dtype', 'name', 'shape']")
+        if meta["dtype"] != _DTYPE:
+            raise WireError(f"{at}: dtype {meta['dtype']!r} not allowed, expected {_DTYPE!r}")
+        shape = meta["shape"]
+        if not isinstance(shape, list) or len(shape) != len(symbols) or any(type(n) is not int for n in shape):
+            raise WireError(f"{at}: shape {shape!r}, expected {len(symbols)} ints ({', '.join(symbols)})")
+        for sym, n in zip(symbols, shape):
+            lo, hi = _DIM_BOUNDS[sym]
+            if not lo <= n <= hi:
+                raise WireError(f"{at}: shape {shape}: {sym}={n} outside [{lo}, {hi}]")
+            if dims.setdefault(sym, n) != n:
+                raise WireError(f"{at}: shape {shape}: {sym}={n} disagrees with {sym}={dims[sym]} of another array")
+        shapes.append(tuple(shape))
+    return shapes
+
+
+def _check_header(header: Any) -> tuple[type, list[tuple[int, ...]]]:
+    """Message class and array shapes of a decoded header; raises WireError on anything off-spec."""
+    if not isinstance(header, dict):
+        raise WireError(f"header: got {type(header).__name__}, expected a msgpack map")
+    schema = header.get("schema")
+    cls = _REGISTRY.get(schema) if isinstance(schema, str) else None
+    if cls is None:
+        raise WireError(f"header: field 'schema': unknown schema {schema!r}")
+    version = header.get("version")
+    if type(version) is not int or version != cls.VERSION:
+        raise WireError(f"{cls.SCHEMA}: field 'version': got {version!r}, expected {cls.VERSION}")
+    scalars = _scalars(cls)
+    expected = {"schema", "version", "arrays"} | {f.name for f in scalars}
+    if missing := expected - set(header):
+        raise WireError(f"{cls.SCHEMA}: missing field(s) {sorted(missing)}")
+    if extra := set(header) - expected:
+        raise WireError(f"{cls.SCHEMA}: extra field(s) {sorted(map(str, extra))}")
+    for f in scalars:
+        _check_scalar(cls.SCHEMA, f.name, f.type, header[f.name])
+    return cls, _check_arrays(cls, header["arrays"])
+
+
+def encode(msg: Message) -> list[bytes | memoryview]:
+    """Frames for `msg`: [msgpack header, one "<f8" buffer per array].
+
+    Arrays may be any real numeric dtype, byte order or layout; they are converted to
+    little-endian C-contiguous float64, without a copy when already so (the frame is then a
+    memoryview of the caller's array). Raises WireError when `msg` would not decode, so the
+    sender fails loudly instead of the receiver dropping it.
+    """
+    cls = type(msg)
+    if _REGISTRY.get(getattr(cls, "SCHEMA", None)) is not cls:
+        raise WireError(f"encode: {cls.__name__} is not a wire message")
+    header: dict[str, Any] = {"schema": cls.SCHEMA, "version": cls.VERSION}
+    header.update({f.name: getattr(msg, f.name) for f in _scalars(cls)})
+    metas, arrays = [], []
+    for name in cls.ARRAYS:
+        a = np.asarray(getattr(msg, name))
+        if a.dtype.kind not in "fiu":
+            raise WireError(f"{cls.SCHEMA}: array {name!r}: dtype {a.dtype.str!r} is not real numeric")
+        metas.append({"name": name, "dtype": _DTYPE, "shape": list(a.shape)})
+        arrays.append(a)
+    header["arrays"] = metas
+    _check_header(header)
+    packed = msgpack.packb(header, use_bin_type=True)
+    if len(packed) > MAX_HEADER_BYTES:
+        raise WireError(f"{cls.SCHEMA}: header is {len(packed)} bytes, limit {MAX_HEADER_BYTES}")
+    # ravel + uint8 view keeps the memoryview 1-D bytes even for H=0, where memoryview.cast fails.
+    flat = [np.ascontiguousarray(a, dtype=_DTYPE).reshape(-1).view(np.uint8) for a in arrays]
+    return [packed, *(memoryview(b) for b in flat)]
+
+
+def _as_bytes(frame: Any, i: int) -> memoryview:
+    """1-D byte view of a bytes / memoryview / zmq.Frame, without copying."""
+    try:
+        mv = memoryview(frame)
+    except TypeError:
+        raise WireError(f"frame {i}: {type(frame).__name__} is not bytes-like") from None
+    if mv.nbytes == 0:
+        return memoryview(b"")
+    if mv.ndim == 1 and mv.format == "B":
+        return mv
+    if not mv.c_contiguous:
+        raise WireError(f"frame {i}: buffer is not contiguous")
+    return mv.cast("B")
+
+
+def decode(frames: Sequence[Any]) -> Message:
+    """The message carried by `frames` (bytes, memoryview or zmq.Frame), with arrays copied out.
+
+    Arrays come back as fresh, writeable native float64 with the header's shape. Raises
+    WireError, naming schema and field, for: wrong frame count (1..MAX_FRAMES, and one frame
+    per array), oversized or non-msgpack header, header not a map, unknown schema, wrong
+    version, missing/extra fields, wrong scalar types (bool is not int), rung not in RUNGS,
+    dtype other than "<f8", shape of wrong rank or outside D 1..32 / H 0..256 or disagreeing
+    on D, and an array frame whose length is not prod(shape) * 8.
+    """
+    if not 1 <= len(frames) <= MAX_FRAMES:
+        raise WireError(f"frames: got {len(frames)}, expected 1..{MAX_FRAMES}")
+    bufs = [_as_bytes(f, i) for i, f in enumerate(frames)]
+    if bufs[0].nbytes > MAX_HEADER_BYTES:
+        raise WireError(f"header: {bufs[0].nbytes} bytes, limit {MAX_HEADER_BYTES}")
+    try:
+        header = msgpack.unpackb(bufs[0], raw=False, strict_map_key=True, **_UNPACK_LIMITS)
+    except (ValueError, TypeError, OverflowError, msgpack.UnpackException) as e:
+        raise WireError(f"header: not valid msgpack ({type(e).__name__}: {e})") from None
+    cls, shapes = _check_header(header)
+    if len(bufs) - 1 != len(shapes):
+        raise WireError(f"{cls.SCHEMA}: frames: {len(bufs) - 1} array frame(s) for {len(shapes)} array(s)")
+    values = {f.name: header[f.name] for f in _scalars(cls)}
+    for name, shape, buf in zip(cls.ARRAYS, shapes, bufs[1:]):
+        # Shapes are bounded by _DIM_BOUNDS, so this product is small and safe to compute.
+        want = math.prod(shape) * np.dtype(_DTYPE).itemsize
+        if buf.nbytes != want:
+            kind = "truncated" if buf.nbytes < want else "oversized"
+            raise WireError(f"{cls.SCHEMA}: array {name!r}: {kind} frame, {buf.nbytes} bytes, "
+                            f"expected {want} for shape {list(shape)}")
+        values[name] = np.frombuffer(buf, dtype=_DTYPE).reshape(shape).astype(np.float64)
+    return cls(**values)

@@ -1,0 +1,88 @@
+"""The policy bundle: target model + tokenizer + observation normalisation, saved without pickle.
+
+Weights are a torch state dict loaded with `torch.load(weights_only=True)`; everything else (config,
+tokenizer bins, normalisation, data split, metrics) lives in a JSON manifest next to them, with the
+sha256 of the weights file checked on load.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from edgeinfer.engines.model import ActionTransformer, PolicyConfig
+from edgeinfer.tokenizer import ActionTokenizer
+
+WEIGHTS_DIR = Path(__file__).resolve().parent / "weights"
+DEFAULT_POLICY = WEIGHTS_DIR / "schunk_target.json"
+
+
+def observation_features(q_rad: np.ndarray, qd_rad_s: np.ndarray, q_prev_rad: np.ndarray) -> np.ndarray:
+    """Raw features (..., 3D) float64: q (rad), qd (rad/s), and the last chunk-step increment q - q_prev (rad)."""
+    return np.concatenate([q_rad, qd_rad_s, q_rad - q_prev_rad], axis=-1)
+
+
+@dataclass
+class Policy:
+    """A trained action-token policy. `model` is the target; decode with edgeinfer.speculative."""
+
+    model: ActionTransformer
+    tokenizer: ActionTokenizer
+    feat_mean: np.ndarray  # (obs_dim,)
+    feat_std: np.ndarray  # (obs_dim,)
+    manifest: dict
+
+    @property
+    def cfg(self) -> PolicyConfig:
+        return self.model.cfg
+
+    def obs_tensor(self, q_rad, qd_rad_s, q_prev_rad) -> torch.Tensor:
+        """Normalised observation (B, obs_dim) float32 from (D,) or (B, D) arrays."""
+        f = (observation_features(q_rad, qd_rad_s, q_prev_rad) - self.feat_mean) / self.feat_std
+        return torch.as_tensor(np.atleast_2d(f), dtype=torch.float32)
+
+    def save(self, manifest_path: Path, extra: dict) -> None:
+        """Write `<stem>.pt` (state dict) and the manifest JSON with its sha256."""
+        manifest_path = Path(manifest_path)
+        weights_path = manifest_path.with_suffix(".pt")
+        torch.save(self.model.state_dict(), weights_path)
+        manifest = {
+            "schema": "edgeinfer.policy/1",
+            "weights": weights_path.name,
+            "sha256": hashlib.sha256(weights_path.read_bytes()).hexdigest(),
+            "config": self.cfg.to_dict(),
+            "tokenizer": self.tokenizer.state_dict(),
+            "feat_mean": self.feat_mean.tolist(),
+            "feat_std": self.feat_std.tolist(),
+            **extra,
+        }
+        manifest_path.write_text(json.dumps(manifest, indent=2) + "\n")
+        self.manifest = manifest
+
+
+def load_policy(manifest_path: Path | str = DEFAULT_POLICY) -> Policy:
+    """Load a policy from its manifest JSON.
+
+    Raises FileNotFoundError if a file is missing, ValueError if the weights' sha256 does not match.
+    """
+    manifest_path = Path(manifest_path)
+    manifest = json.loads(manifest_path.read_text())
+    weights_path = manifest_path.parent / manifest["weights"]
+    blob = weights_path.read_bytes()
+    digest = hashlib.sha256(blob).hexdigest()
+    if digest != manifest["sha256"]:
+        raise ValueError(f"{weights_path}: sha256 {digest} does not match manifest {manifest['sha256']}")
+    model = ActionTransformer(PolicyConfig(**manifest["config"]))
+    model.load_state_dict(torch.load(weights_path, weights_only=True, map_location="cpu"))
+    model.eval()
+    return Policy(
+        model=model,
+        tokenizer=ActionTokenizer.from_state_dict(manifest["tokenizer"]),
+        feat_mean=np.array(manifest["feat_mean"]),
+        feat_std=np.array(manifest["feat_std"]),
+        manifest=manifest,
+    )

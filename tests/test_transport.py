@@ -1,0 +1,129 @@
+"""edgeinfer.transport over real loopback TCP sockets."""
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import zmq
+
+from edgeinfer.transport import (Endpoints, Receiver, pub, pull, push, send, sub, wait_for_hello,
+                                 wait_until_subscribed)
+from edgeinfer.wire import Hello, Observation
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _obs(seq: int) -> Observation:
+    return Observation(seq=seq, t_ns=time.perf_counter_ns(), q_rad=np.full(3, float(seq)),
+                       qd_rad_s=np.zeros(3), q_prev_rad=np.zeros(3))
+
+
+@pytest.fixture
+def ctx():
+    c = zmq.Context()
+    yield c
+    c.destroy(linger=0)
+
+
+@pytest.fixture
+def ep():
+    return Endpoints.free_loopback()
+
+
+def test_free_loopback_ports_are_distinct():
+    e = Endpoints.free_loopback()
+    urls = [e.obs, e.chunks, e.commands, e.ready]
+    assert len(set(urls)) == 4 and all(u.startswith("tcp://127.0.0.1:") for u in urls)
+
+
+def test_sockets_are_bounded_and_do_not_linger(ctx, ep):
+    s = pub(ctx, ep.obs, hwm=1)
+    assert s.getsockopt(zmq.LINGER) == 0
+    assert s.getsockopt(zmq.SNDHWM) == 1 and s.getsockopt(zmq.RCVHWM) == 1
+    with pytest.raises(ValueError):
+        pub(ctx, ep.chunks, hwm=0)
+
+
+def test_recv_latest_returns_newest_and_counts_stale(ctx, ep):
+    rx = Receiver(pull(ctx, ep.commands))
+    tx = push(ctx, ep.commands)
+    for seq in range(5):
+        assert send(tx, _obs(seq))
+    time.sleep(0.1)  # let all five cross loopback so one drain sees them
+    got = []
+    while not got or got[-1].seq != 4:  # robust if TCP delivered them in more than one batch
+        got.append(rx.recv_latest(1000))
+        assert got[-1] is not None
+    assert rx.received == 5
+    assert rx.stale_dropped == 5 - len(got) and rx.stale_dropped >= 1
+    assert rx.recv_latest(0) is None
+
+
+def test_send_never_blocks_when_the_queue_is_full(ctx, ep):
+    tx = push(ctx, ep.commands, hwm=1)  # connected to nobody: the pipe fills after HWM messages
+    t0 = time.perf_counter()
+    results = [send(tx, _obs(seq)) for seq in range(10)]
+    assert time.perf_counter() - t0 < 0.1
+    assert results[0] is True and results[-1] is False
+
+
+def test_malformed_is_counted_and_skipped(ctx, ep):
+    rx = Receiver(pull(ctx, ep.commands))
+    tx = push(ctx, ep.commands)
+    tx.send_multipart([b"garbage"])
+    tx.send_multipart([b"\x81\xa6schema\xa4nope"])
+    assert send(tx, _obs(7))
+    msg = rx.recv(2000)
+    assert isinstance(msg, Observation) and msg.seq == 7
+    assert rx.malformed == 2 and "nope" in rx.last_error
+    assert rx.drain() == []
+
+
+def test_handshake_times_out_naming_missing_peers(ctx, ep):
+    p = pub(ctx, ep.obs)
+    ready = Receiver(pull(ctx, ep.ready))
+    with pytest.raises(TimeoutError, match="ghost"):
+        wait_until_subscribed(p, "replayer", ready, {"ghost"}, timeout_s=0.05)
+    with pytest.raises(TimeoutError, match="tcp://"):
+        wait_for_hello([Receiver(sub(ctx, ep.chunks))], timeout_s=0.05)
+
+
+_PEER = """
+import sys
+import zmq
+from edgeinfer.transport import Receiver, announce_ready, push, sub, wait_for_hello
+from edgeinfer.wire import Hello
+
+obs_ep, ready_ep = sys.argv[1:3]
+ctx = zmq.Context()
+rx = Receiver(sub(ctx, obs_ep))
+ready = push(ctx, ready_ep)
+wait_for_hello([rx], timeout_s=10)
+assert announce_ready(ready, "control")
+while isinstance(msg := rx.recv(10_000), Hello):  # Hellos may still be queued: skip them
+    pass
+print(type(msg).__name__, getattr(msg, "seq", None), flush=True)
+ctx.destroy(linger=0)
+"""
+
+
+def test_handshake_with_subscriber_in_another_process(ctx, ep):
+    p = pub(ctx, ep.obs)
+    ready = Receiver(pull(ctx, ep.ready))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    peer = subprocess.Popen([sys.executable, "-c", _PEER, ep.obs, ep.ready], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_until_subscribed(p, "replayer", ready, {"control"}, timeout_s=10)
+        assert send(p, _obs(0))  # exactly one message: lost to the slow joiner, the peer would time out
+        out, err = peer.communicate(timeout=10)
+    finally:
+        if peer.poll() is None:
+            peer.kill()
+            peer.wait()
+    assert peer.returncode == 0, err
+    assert out.strip() == "Observation 0"
