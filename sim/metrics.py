@@ -10,17 +10,20 @@ from edgeinfer.sim.stats import latency_summary_ms, wilson_interval
 from edgeinfer.wire import RUNGS
 
 
-def summarize(rec, log, cfg, deadline_ms: float, stride: int) -> dict:
+def summarize(rec, log, cfg, deadline_ms: float, stride: int) -> tuple[dict, dict]:
+    """(report dict, per-tick arrays {latency_ms (N,) float with NaN when lost, outcome (N,), rung (N,)})."""
     n = len(rec.t_sched_ns)
     deadline_ns = rec.t_sched_ns + int(deadline_ms * 1e6)
     latency_ms = np.full(n, np.nan)
     outcome = np.full(n, "lost", dtype=object)
+    rung = np.full(n, "", dtype=object)
     fallbacks = Counter({r: 0 for r in RUNGS})
     for seq, (t_recv, cmd) in rec.commands.items():
         if not 0 <= seq < n:
             continue
         latency_ms[seq] = (t_recv - rec.t_sent_ns[seq]) / 1e6
         fallbacks[cmd.rung] += 1
+        rung[seq] = cmd.rung
         outcome[seq] = "hold" if cmd.rung == "hold" else ("late" if t_recv > deadline_ns[seq] else "on_time")
     outcomes = {k: int(np.sum(outcome == k)) for k in ("on_time", "late", "lost", "hold")}
     misses = n - outcomes["on_time"]
@@ -54,9 +57,15 @@ def summarize(rec, log, cfg, deadline_ms: float, stride: int) -> dict:
                  "target_passes_per_chunk": passes / len(chunks) if chunks else None},
         "quality": _quality(rec.commands, chunks, log, stride),
         "malformed_messages": rec.malformed,
-        "_latency_ms_per_tick": latency_ms,
-        "_miss_mask": outcome != "on_time",
-    }
+    }, {"latency_ms": latency_ms, "outcome": outcome, "rung": rung}
+
+
+def write_ticks(ticks: dict, path) -> None:
+    """One row per control tick: tick, latency_ms (empty when lost), outcome, rung."""
+    with open(path, "w") as fh:
+        fh.write("tick,latency_ms,outcome,rung\n")
+        for i, (lat, out, rung) in enumerate(zip(ticks["latency_ms"], ticks["outcome"], ticks["rung"])):
+            fh.write(f"{i},{'' if np.isnan(lat) else f'{lat:.4f}'},{out},{rung}\n")
 
 
 def _quality(commands: dict, chunks: list, log, stride: int) -> dict:

@@ -28,7 +28,7 @@ from edgeinfer.clock import now_ns, sleep_until
 from edgeinfer.control.loop import ControlConfig
 from edgeinfer.runtime import RuntimeConfig
 from edgeinfer.sim.logs import ArmLog, read_schunk, synthetic_log
-from edgeinfer.sim.metrics import summarize
+from edgeinfer.sim.metrics import summarize, write_ticks
 from edgeinfer.sim.report import plot_latency, print_table, write_report
 from edgeinfer.wire import ActionChunk, JointCommand, Observation, Start, Stop
 
@@ -98,10 +98,11 @@ def replay(cfg: ReplayConfig, console: Console | None = None) -> dict:
             if p.poll() is None:
                 p.kill()
         ctx.destroy(linger=0)
-    report = summarize(rec, log, cfg, deadline_ms, stride)
+    report, ticks = summarize(rec, log, cfg, deadline_ms, stride)
     write_report(report, cfg.out)
-    lat = report.pop("_latency_ms_per_tick"), report.pop("_miss_mask")
-    plot_latency(lat[0], deadline_ms, lat[1], cfg.out / "latency.png", f"{report['log']} ({report['decode']})")
+    write_ticks(ticks, cfg.out / "ticks.csv")
+    plot_latency(ticks["latency_ms"], deadline_ms, ticks["outcome"] != "on_time", cfg.out / "latency.png",
+                 f"{report['log']} ({report['decode']})")
     print_table([report], console)
     return report
 

@@ -1,0 +1,147 @@
+"""Dataclass-generated command-line options, TOML launch files, and the real `edgeinfer` CLI."""
+import argparse
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from edgeinfer.config_cli import add_options, build, load_launch, to_argv
+from edgeinfer.control.loop import ControlConfig
+from edgeinfer.control.safety import SafetyLimits
+from edgeinfer.runtime import RuntimeConfig
+from edgeinfer.scheduler import SchedulerConfig
+from edgeinfer.sim.replay import ReplayConfig
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def replay_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="test")
+    add_options(p, ReplayConfig)
+    return p
+
+
+def parse_build(argv, launch=None) -> ReplayConfig:
+    return build(ReplayConfig, replay_parser().parse_args(argv), launch)
+
+
+def custom_config(tmp_path) -> ReplayConfig:
+    return ReplayConfig(
+        log=tmp_path / "log dir", out=tmp_path / "out", deadline_ms=4.0, settle_ms=50.0, handshake_timeout_s=9.0,
+        runtime=RuntimeConfig(policy=tmp_path / "p.json", decode="target-only", drafter="other",
+                              scheduler=SchedulerConfig(budget_ms=9.5, k_max=3, quantile=0.95, window=64),
+                              warmup_chunks=5, threads=2),
+        control=ControlConfig(phase_ms=0.5, spin_us=50.0,
+                              limits=SafetyLimits(q_min_rad=[-1.0, -2.5, -0.125], q_max_rad=[1.0, 2.5, 3.0],
+                                                  qd_max_rad_s=1.5)))
+
+
+def test_to_argv_round_trips_nested_non_default_values(tmp_path):
+    cfg = custom_config(tmp_path)
+    assert cfg != ReplayConfig()
+    argv = to_argv(cfg)
+    i = argv.index("--budget-ms")
+    assert argv[i + 1] == "9.5"
+    i = argv.index("--q-min-rad")
+    assert argv[i + 1:i + 4] == ["-1.0", "-2.5", "-0.125"] and argv[i + 4] == "--q-max-rad"
+    back = parse_build(argv)
+    assert back == cfg
+    # converted to the annotated types, not left as strings
+    assert type(back.runtime.scheduler.k_max) is int and back.runtime.scheduler.k_max == 3
+    assert back.control.phase_ms == 0.5 and back.runtime.decode == "target-only"
+    assert back.control.limits.q_min_rad == [-1.0, -2.5, -0.125]
+    assert isinstance(back.log, Path) and back.log == tmp_path / "log dir"
+
+
+def test_none_fields_are_omitted_and_stay_none():
+    cfg = ReplayConfig(deadline_ms=None, log=None)
+    argv = to_argv(cfg)
+    assert "--deadline-ms" not in argv and "--log" not in argv
+    assert parse_build(argv) == cfg
+
+
+def test_no_options_build_the_defaults():
+    assert parse_build([]) == ReplayConfig()
+
+
+def test_options_fill_only_their_field():
+    cfg = parse_build(["--k-max", "2", "--phase-ms", "0.25"])
+    assert cfg.runtime.scheduler == SchedulerConfig(k_max=2)
+    assert cfg.control.phase_ms == 0.25 and cfg.control.limits == SafetyLimits()
+    assert cfg.runtime.decode == RuntimeConfig().decode
+
+
+def write_launch(tmp_path, text: str) -> Path:
+    path = tmp_path / "launch.toml"
+    path.write_text(text)
+    return path
+
+
+LAUNCH = "[replay]\ndeadline_ms = 5.0\n[replay.runtime.scheduler]\nbudget_ms = 7.0\n"
+
+
+def test_launch_file_fills_nested_fields(tmp_path):
+    launch = load_launch(write_launch(tmp_path, LAUNCH), "replay")
+    assert launch == {"deadline_ms": 5.0, "runtime": {"scheduler": {"budget_ms": 7.0}}}
+    cfg = parse_build([], launch)
+    assert cfg.deadline_ms == 5.0
+    assert cfg.runtime.scheduler == SchedulerConfig(budget_ms=7.0)
+    assert cfg.runtime.decode == RuntimeConfig().decode and cfg.control == ControlConfig()
+
+
+def test_command_line_overrides_launch_file(tmp_path):
+    launch = load_launch(write_launch(tmp_path, LAUNCH), "replay")
+    cfg = parse_build(["--budget-ms", "8.25", "--k-max", "1"], launch)
+    assert cfg.runtime.scheduler.budget_ms == 8.25  # option beats the file
+    assert cfg.runtime.scheduler.k_max == 1
+    assert cfg.deadline_ms == 5.0  # file value kept where no option was given
+
+
+def test_launch_sections_other_than_the_one_asked_are_ignored(tmp_path):
+    path = write_launch(tmp_path, "[train]\nepochs = 3\n")
+    assert load_launch(path, "replay") == {}
+    assert load_launch(None, "replay") == {}
+
+
+@pytest.mark.parametrize("text, key", [
+    ("[replay]\nfoo = 1\n", "foo"),
+    ("[replay.runtime.scheduler]\nbudgetms = 7.0\n", "budgetms"),
+    ("[replay.control.limits]\nqd_max = 1.0\n", "qd_max"),
+])
+def test_unknown_launch_key_raises_naming_it(tmp_path, text, key):
+    launch = load_launch(write_launch(tmp_path, text), "replay")
+    with pytest.raises(ValueError, match=key):
+        parse_build([], launch)
+
+
+@pytest.mark.parametrize("argv, match", [
+    (["--decode", "fast"], "decode"),
+    (["--k-max", "65"], "k_max"),
+    (["--budget-ms", "0"], "budget_ms"),
+    (["--deadline-ms", "-1"], "deadline_ms"),
+    (["--phase-ms", "1000"], "phase_ms"),
+    (["--q-min-rad", "1", "1", "1", "1", "1", "1", "--q-max-rad", "0", "0", "0", "0", "0", "0"], "below"),
+])
+def test_invalid_option_values_raise_the_dataclass_error(argv, match):
+    with pytest.raises(ValueError, match=match):
+        parse_build(argv)
+
+
+def test_invalid_launch_value_raises_the_dataclass_error(tmp_path):
+    launch = load_launch(write_launch(tmp_path, '[replay.runtime]\ndecode = "fast"\n'), "replay")
+    with pytest.raises(ValueError, match="decode"):
+        parse_build([], launch)
+
+
+def test_ambiguous_option_names_are_rejected():
+    with pytest.raises(ValueError, match="--decode"):
+        add_options(argparse.ArgumentParser(), ReplayConfig, RuntimeConfig)
+
+
+def test_cli_replay_help_lists_generated_options():
+    res = subprocess.run([sys.executable, "-m", "edgeinfer", "replay", "--help"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    for opt in ("--decode", "--budget-ms", "--launch", "--q-min-rad", "--phase-ms"):
+        assert opt in res.stdout
