@@ -16,6 +16,8 @@ class SafetyLimits:
     qd_max_rad_s: float = 2.0
 
     def __post_init__(self):
+        if not np.all(np.isfinite(np.r_[self.q_min_rad, self.q_max_rad, self.qd_max_rad_s])):
+            raise ValueError("SafetyLimits: limits must be finite numbers")
         if len(self.q_min_rad) != len(self.q_max_rad):
             raise ValueError("SafetyLimits.q_min_rad and q_max_rad must have the same length")
         if any(lo >= hi for lo, hi in zip(self.q_min_rad, self.q_max_rad)):
@@ -24,7 +26,13 @@ class SafetyLimits:
             raise ValueError(f"SafetyLimits.qd_max_rad_s must be > 0, got {self.qd_max_rad_s}")
 
     def clamp(self, q_rad: np.ndarray, q_last_rad: np.ndarray | None, period_s: float) -> tuple[np.ndarray, bool]:
-        """Clamp to the position box and to qd_max from the last command. Returns (q_rad, was_clamped)."""
+        """Clamp to the position box and to qd_max from the last command. Returns (q_rad, was_clamped).
+
+        A non-finite target is replaced by the last command (or the box centre when there is none).
+        """
+        if not np.all(np.isfinite(q_rad)):
+            fallback = q_last_rad if q_last_rad is not None else (np.add(self.q_min_rad, self.q_max_rad) / 2)
+            return np.array(fallback, dtype=np.float64), True
         q = np.clip(q_rad, self.q_min_rad, self.q_max_rad)
         if q_last_rad is not None:
             step = self.qd_max_rad_s * period_s

@@ -35,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
         cfg = build(ReplayConfig, args, load_launch(args.launch, "replay"))
         report = replay(cfg)
         print(f"wrote {cfg.out / 'report.json'} and {cfg.out / 'latency.png'}")
-        return 0 if report["commands_received"] > 0 else 1
+        return 0 if all(code == 0 for code in report["process_exit_codes"].values()) else 1
     if args.command == "serve":
         from edgeinfer.runtime import serve
 

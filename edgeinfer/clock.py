@@ -24,8 +24,9 @@ def sleep_until(deadline_ns: int, spin_ns: int = 200_000) -> int:
 class Ticker:
     """Fixed-rate ticks at t0 + n * period on absolute deadlines.
 
-    `wait()` returns the index of the next tick to run. After an overrun the ticks whose time has already
-    passed are counted in `overruns` and skipped, never run late in a catch-up burst.
+    `wait()` returns the index of the next tick to run. After an overrun of whole periods, the ticks that
+    are a full period or more behind are counted in `overruns` and skipped; only the newest due tick runs
+    (late by less than one period), so there is never a catch-up burst.
     """
 
     def __init__(self, t0_ns: int, period_ns: int, spin_ns: int = 200_000):

@@ -8,6 +8,7 @@ options on the command line override it.
 from __future__ import annotations
 
 import argparse
+import copy
 import dataclasses
 import tomllib
 import types
@@ -67,7 +68,7 @@ def build(cls, args: argparse.Namespace, launch: dict | None = None):
 
 
 def _overlay(base: dict, dotted: dict) -> dict:
-    out = {k: (dict(v) if isinstance(v, dict) else v) for k, v in base.items()}
+    out = copy.deepcopy(base)
     for key, value in dotted.items():
         node = out
         *parents, leaf = key.split(".")

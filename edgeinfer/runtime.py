@@ -19,18 +19,20 @@ import zmq
 
 from edgeinfer import transport
 from edgeinfer.clock import now_ns
-from edgeinfer.engines.drafters import make_drafter
+from edgeinfer.engines.drafters import DRAFTERS, make_drafter
 from edgeinfer.engines.policy import DEFAULT_POLICY, load_policy
 from edgeinfer.scheduler import SchedulerConfig, TickPlanner
 from edgeinfer.speculative import speculative_decode
-from edgeinfer.wire import ActionChunk, Observation, Start, Stop
+from edgeinfer.wire import ActionChunk, Hello, Observation, Start, Stop
 
 DECODES = ("speculative", "target-only")
 
 
 @dataclass
 class RuntimeConfig:
-    """policy: manifest JSON. decode: speculative | target-only. threads: torch intra-op threads."""
+    """policy: manifest JSON. decode: speculative | target-only. threads: torch intra-op threads.
+    replan_every_ticks: start a new chunk at most every this many observations (5 = one chunk step,
+    20 ms at 250 Hz); the chunk horizon covers the gap, and the idle time is left to the control loop."""
 
     policy: Path = DEFAULT_POLICY
     decode: str = "speculative"
@@ -38,13 +40,18 @@ class RuntimeConfig:
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     warmup_chunks: int = 30
     threads: int = 1
+    replan_every_ticks: int = 5
 
     def __post_init__(self):
         self.policy = Path(self.policy)
         if self.decode not in DECODES:
             raise ValueError(f"RuntimeConfig.decode must be one of {DECODES}, got {self.decode!r}")
+        if self.drafter not in DRAFTERS:
+            raise ValueError(f"RuntimeConfig.drafter must be one of {sorted(DRAFTERS)}, got {self.drafter!r}")
         if self.threads < 1:
             raise ValueError(f"RuntimeConfig.threads must be >= 1, got {self.threads}")
+        if self.replan_every_ticks < 1:
+            raise ValueError(f"RuntimeConfig.replan_every_ticks must be >= 1, got {self.replan_every_ticks}")
 
 
 class PolicyRuntime:
@@ -106,12 +113,16 @@ def serve(cfg: RuntimeConfig, endpoints: transport.Endpoints, handshake_timeout_
         ready = transport.push(ctx, endpoints.ready)
         start = _handshake(runtime, obs_rx, chunk_pub, ready, handshake_timeout_s)
         step_ns = start.period_ns * runtime.policy.cfg.stride_ticks
+        next_seq = 0
         while not stop["flag"]:
             msg = obs_rx.recv_latest(100)  # latest-only: a stale observation is worse than none
             if isinstance(msg, Stop):
                 break
-            if isinstance(msg, Observation):
+            if isinstance(msg, Observation) and msg.seq >= next_seq:
+                next_seq = msg.seq + cfg.replan_every_ticks
                 transport.send(chunk_pub, runtime.step(msg, now_ns(), step_ns))
+        print(f"runtime: {runtime.n_chunks} chunks sent; observations skipped as stale {obs_rx.stale_dropped}; "
+              f"malformed messages {obs_rx.malformed} (last: {obs_rx.last_error or '-'})", flush=True)
         return runtime.n_chunks
     finally:
         ctx.destroy(linger=0)
@@ -125,10 +136,10 @@ def _handshake(runtime, obs_rx, chunk_pub, ready, timeout_s: float) -> Start:
     announced, i = False, 0
     deadline = now_ns() + int(timeout_s * 1e9)
     while now_ns() < deadline:
-        transport.send(chunk_pub, transport.Hello("runtime", i, now_ns()))
+        transport.send(chunk_pub, Hello("runtime", i, now_ns()))
         i += 1
         msg = obs_rx.recv(transport.HELLO_PERIOD_MS)
-        if isinstance(msg, transport.Hello) and not announced:
+        if isinstance(msg, Hello) and not announced:
             announced = transport.announce_ready(ready, "runtime")
         elif isinstance(msg, Start):
             return msg

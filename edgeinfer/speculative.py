@@ -103,6 +103,5 @@ def speculative_decode(model: ActionTransformer, obs: torch.Tensor, n_tokens: in
         res.target_passes += 1
         res.drafted += k
         res.accepted += accepted
-    del res.tokens[n_tokens:]
     res.complete = True
     return res

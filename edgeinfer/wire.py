@@ -260,5 +260,8 @@ def decode(frames: Sequence[Any]) -> Message:
             kind = "truncated" if buf.nbytes < want else "oversized"
             raise WireError(f"{cls.SCHEMA}: array {name!r}: {kind} frame, {buf.nbytes} bytes, "
                             f"expected {want} for shape {list(shape)}")
-        values[name] = np.frombuffer(buf, dtype=_DTYPE).reshape(shape).astype(np.float64)
+        arr = np.frombuffer(buf, dtype=_DTYPE).reshape(shape).astype(np.float64)
+        if not np.all(np.isfinite(arr)):  # a NaN joint target must never reach a robot
+            raise WireError(f"{cls.SCHEMA}: array {name!r}: non-finite value")
+        values[name] = arr
     return cls(**values)

@@ -3,19 +3,24 @@
 Machines running these tests are shared and noisy, so bounds on lateness are generous (ms, not us)
 and the tests check ordering and skip logic rather than speed.
 """
-import time
+import statistics
 
 import pytest
 
 from edgeinfer.clock import Ticker, now_ns, sleep_until
 
 MS = 1_000_000
-LATE_BOUND_NS = 5 * MS  # generous: the spin tail normally keeps lateness in the tens of us
+# Generous bounds: the spin tail normally keeps lateness in the tens of us, but on a loaded 2-core machine
+# a spinning process can lose its core for a few ms. Typical (median) lateness must stay small; no single
+# wake-up may be off by anything like a unit error (us vs ms) or a whole extra sleep.
+TYPICAL_LATE_NS = 5 * MS
+WORST_LATE_NS = 50 * MS
 
 
 @pytest.mark.parametrize("ahead_ms", [0.05, 0.5, 3.0, 12.0])
 def test_sleep_until_never_returns_before_the_deadline(ahead_ms):
-    for _ in range(5):
+    latenesses = []
+    for _ in range(7):
         deadline = now_ns() + int(ahead_ms * MS)
         lateness = sleep_until(deadline)
         woke = now_ns()
@@ -23,7 +28,9 @@ def test_sleep_until_never_returns_before_the_deadline(ahead_ms):
         assert lateness >= 0
         # the reported lateness was measured before `woke`, so it cannot exceed it
         assert lateness <= woke - deadline
-        assert lateness < LATE_BOUND_NS
+        latenesses.append(lateness)
+    assert statistics.median(latenesses) < TYPICAL_LATE_NS
+    assert max(latenesses) < WORST_LATE_NS
 
 
 def test_sleep_until_without_spin_window_still_waits_for_the_deadline():
@@ -66,7 +73,8 @@ def test_ticker_ticks_on_absolute_deadlines():
     assert indices[0] == 0
     # never early, and never late by more than the generous bound
     assert min(latenesses) >= 0
-    assert max(latenesses) < LATE_BOUND_NS
+    assert statistics.median(latenesses) < TYPICAL_LATE_NS
+    assert max(latenesses) < WORST_LATE_NS
     # every tick is either returned once, in order, or counted as an overrun (none on a quiet machine)
     assert all(b > a for a, b in zip(indices, indices[1:]))
     assert indices[-1] == len(indices) - 1 + ticker.overruns
@@ -74,43 +82,50 @@ def test_ticker_ticks_on_absolute_deadlines():
     assert 0 <= ticker.max_lateness_ns <= max(latenesses)
 
 
+def overrun_scenario(period: int) -> tuple[Ticker, int, list[tuple[int, int]]]:
+    """Tick 0, then a loop body lasting until 3.5 periods after t0, then 4 more ticks.
+
+    Returns (ticker, ns from t0 to the wait() after the overrun, [(tick index, time wait() returned)])."""
+    t0 = now_ns() + period
+    ticker = Ticker(t0, period)
+    returned = [(ticker.wait(), now_ns())]
+    sleep_until(t0 + int(3.5 * period))  # the artificial overrun
+    before = now_ns() - t0
+    for _ in range(5):
+        returned.append((ticker.wait(), now_ns()))
+    return ticker, before, returned
+
+
 def test_ticker_skips_missed_ticks_after_an_overrun_without_a_burst():
     period = 10 * MS
-    t0 = now_ns() + 10 * MS
-    ticker = Ticker(t0, period)
-    returned = []  # (tick index, wall time wait() returned)
-
-    n = ticker.wait()
-    returned.append((n, now_ns()))
-    assert n == 0 and ticker.overruns == 0
-
-    # Artificial overrun: the loop body takes 3.5 periods, measured from tick 0's deadline.
-    sleep_until(t0 + int(3.5 * period))
-    before = now_ns()
-    n = ticker.wait()
-    returned.append((n, now_ns()))
-    elapsed_periods = (before - t0) / period
-    assert 3.5 <= elapsed_periods < 3.95, "machine stalled too long for this test to be meaningful"
-    # Ticks 1 and 2 are long gone: skipped and counted. Tick 3 (0.5 period ago) is the next to run.
-    assert n == 3
-    assert ticker.overruns == 2
-    assert ticker.max_lateness_ns >= int(0.5 * period) - MS  # tick 3 ran late, and that was recorded
-    assert ticker.max_lateness_ns < period
-
-    for _ in range(4):
-        n = ticker.wait()
-        returned.append((n, now_ns()))
-
-    ticks = [i for i, _ in returned]
-    assert ticks[:2] == [0, 3]
-    assert all(b > a for a, b in zip(ticks, ticks[1:]))
-    # after the overrun the ticker is back on schedule: no further skips on a quiet machine
-    assert ticks[-1] == ticks[1] + 4 + (ticker.overruns - 2)
-    for i, woke in returned:
-        assert woke >= t0 + i * period
-    # no catch-up burst: consecutive ticks are at least ~half a period apart (tick 3 at 3.5p, tick 4 at 4p)
-    gaps = [b - a for (_, a), (_, b) in zip(returned, returned[1:])]
-    assert min(gaps) >= 0.4 * period
+    # The skip logic is checked strictly in every attempt; the spacing of wake-ups can only be measured
+    # when the OS did not deschedule us at the wrong moment, so a few attempts are allowed to find a quiet one.
+    for _attempt in range(5):
+        ticker, before, returned = overrun_scenario(period)
+        t0 = ticker.t0_ns
+        ticks = [n for n, _ in returned]
+        assert ticks[0] == 0
+        # Missed ticks are skipped to the newest tick whose time has passed (ticks 1 and 2 on a quiet
+        # machine; tick 3, 0.5 period old, runs next). Bounds: the ticker read the clock after `before`
+        # and before returning.
+        assert before // period <= ticks[1] <= (returned[1][1] - t0) // period
+        assert all(b > a for a, b in zip(ticks, ticks[1:]))
+        # every tick is either returned once or counted as an overrun
+        assert ticker.overruns == ticks[-1] + 1 - len(ticks)
+        for n, woke in returned:
+            assert woke >= t0 + n * period  # never early
+        quiet = before < 3.6 * period and ticker.overruns == 2  # the overrun ended near 3.5 periods
+        if not quiet:
+            continue
+        assert ticks == [0, 3, 4, 5, 6, 7]
+        # tick 3 ran 0.5 period late, and that was recorded; less than a whole period (else skipped)
+        assert int(0.5 * period) - MS <= ticker.max_lateness_ns < period
+        # no catch-up burst: consecutive ticks at least ~half a period apart (tick 3 at 3.5p, tick 4 at 4p)
+        gaps = [b - a for (_, a), (_, b) in zip(returned, returned[1:])]
+        if min(gaps) >= 0.4 * period:
+            return
+    pytest.fail(f"no attempt without a stall or a burst: ticks {ticks}, overruns {ticker.overruns}, "
+                f"overrun wait at {before / period:.2f} periods")
 
 
 def test_ticker_far_behind_start_jumps_to_the_current_tick():

@@ -29,7 +29,7 @@ def parse_build(argv, launch=None) -> ReplayConfig:
 def custom_config(tmp_path) -> ReplayConfig:
     return ReplayConfig(
         log=tmp_path / "log dir", out=tmp_path / "out", deadline_ms=4.0, settle_ms=50.0, handshake_timeout_s=9.0,
-        runtime=RuntimeConfig(policy=tmp_path / "p.json", decode="target-only", drafter="other",
+        runtime=RuntimeConfig(policy=tmp_path / "p.json", decode="target-only", drafter="kinematic",
                               scheduler=SchedulerConfig(budget_ms=9.5, k_max=3, quantile=0.95, window=64),
                               warmup_chunks=5, threads=2),
         control=ControlConfig(phase_ms=0.5, spin_us=50.0,
@@ -104,6 +104,19 @@ def test_launch_sections_other_than_the_one_asked_are_ignored(tmp_path):
     assert load_launch(None, "replay") == {}
 
 
+def test_shipped_launch_file_builds_a_valid_config():
+    path = ROOT / "launch" / "replay.toml"
+    if not path.is_file():
+        pytest.skip("no launch/replay.toml")
+    launch = load_launch(path, "replay")
+    assert launch, "launch/replay.toml has no [replay] table"
+    cfg = parse_build([], launch)  # every key must name a field, every value must validate
+    sched = launch.get("runtime", {}).get("scheduler", {})
+    for key, value in sched.items():
+        assert getattr(cfg.runtime.scheduler, key) == value
+    assert parse_build(["--decode", "target-only"], launch).runtime.decode == "target-only"
+
+
 @pytest.mark.parametrize("text, key", [
     ("[replay]\nfoo = 1\n", "foo"),
     ("[replay.runtime.scheduler]\nbudgetms = 7.0\n", "budgetms"),
@@ -135,7 +148,7 @@ def test_invalid_launch_value_raises_the_dataclass_error(tmp_path):
 
 
 def test_ambiguous_option_names_are_rejected():
-    with pytest.raises(ValueError, match="--decode"):
+    with pytest.raises(ValueError, match=r"--policy is ambiguous: \(.runtime., .policy.\) and \(.policy.,\)"):
         add_options(argparse.ArgumentParser(), ReplayConfig, RuntimeConfig)
 
 

@@ -202,3 +202,14 @@ def test_round_trip_property(d, h, data):
                                 elements={"allow_nan": False, "allow_infinity": False}))
     out = decode([bytes(f) for f in encode(_cmd(q_rad=q))])
     np.testing.assert_array_equal(out.q_rad, q.astype(np.float64))
+
+
+def test_non_finite_joint_values_are_rejected():
+    from edgeinfer.wire import Observation, WireError, decode, encode
+
+    frames = encode(Observation(1, 2, np.zeros(6), np.zeros(6), np.zeros(6)))
+    bad = np.zeros(6)
+    bad[3] = np.nan
+    frames[2] = bad.tobytes()
+    with pytest.raises(WireError, match="qd_rad_s.*non-finite"):
+        decode(frames)
