@@ -11,11 +11,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import zmq
+from edgeinfer.control.buffer import ChunkBuffer
+from edgeinfer.control.safety import SafetyLimits
 
 from edgeinfer import transport
 from edgeinfer.clock import Ticker, now_ns
-from edgeinfer.control.buffer import ChunkBuffer
-from edgeinfer.control.safety import SafetyLimits
 from edgeinfer.wire import ActionChunk, JointCommand, Observation, Start, Stop
 
 

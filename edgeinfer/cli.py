@@ -10,11 +10,10 @@ from edgeinfer.config_cli import add_options, build, load_launch
 
 def main(argv: list[str] | None = None) -> int:
     from edgeinfer.control.loop import ControlConfig
+    from edgeinfer.engines.train import TrainConfig
     from edgeinfer.runtime import RuntimeConfig
     from edgeinfer.sim.replay import ReplayConfig
     from edgeinfer.transport import Endpoints
-
-    from edgeinfer.engines.train import TrainConfig
 
     parser = argparse.ArgumentParser(prog="edgeinfer", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)

@@ -10,11 +10,12 @@ from __future__ import annotations
 import argparse
 import copy
 import dataclasses
-import tomllib
 import types
 import typing
 from pathlib import Path
 from typing import Any
+
+import tomllib
 
 
 def _leaves(cls, path=()) -> list[tuple[tuple[str, ...], Any, Any]]:

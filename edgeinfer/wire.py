@@ -40,7 +40,7 @@ class Observation:
     VERSION: ClassVar[int] = 1
     ARRAYS: ClassVar[dict] = {"q_rad": ("D",), "qd_rad_s": ("D",), "q_prev_rad": ("D",)}
     seq: int  # observation index == control tick index
-    t_ns: int  # monotonic time the observation was sent
+    t_ns: int  # monotonic time the observation was taken (the replayer: its scheduled send time)
     q_rad: np.ndarray  # (D,) joint positions
     qd_rad_s: np.ndarray  # (D,) joint velocities
     q_prev_rad: np.ndarray  # (D,) joint positions one chunk step (stride) earlier
@@ -58,7 +58,8 @@ class ActionChunk:
     t_obs_ns: int  # that observation's t_ns
     t_ready_ns: int  # monotonic time the chunk was ready
     step_ns: int  # time between chunk steps
-    steps_rad: np.ndarray  # (H+1, D) float64 rad: row 0 the observed q at t_obs (anchor), row h the target at t_obs + h*step_ns
+    # (H+1, D) rad: row 0 the observed q at t_obs (the anchor), row h the target at t_obs + h * step_ns
+    steps_rad: np.ndarray
     rung: str  # fallback rung that produced it, one of RUNGS
     tokens: int  # action tokens produced this chunk
     target_passes: int  # target forward passes used

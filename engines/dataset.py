@@ -7,11 +7,11 @@ For a log with positions q (T, D) and chunk stride s ticks, horizon H, every t w
 from __future__ import annotations
 
 import numpy as np
-
 from edgeinfer.engines.policy import observation_features
 
 
-def chunk_windows(q_rad: np.ndarray, qd_rad_s: np.ndarray, horizon: int, stride: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def chunk_windows(q_rad: np.ndarray, qd_rad_s: np.ndarray, horizon: int,
+                  stride: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Return (features (N, 3D), offsets (N, H, D), t_index (N,)) for one log; N may be 0."""
     n = len(q_rad)
     t = np.arange(stride, n - horizon * stride)

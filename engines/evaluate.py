@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-
 from edgeinfer.engines.model import ActionTransformer
 
 

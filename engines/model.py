@@ -72,7 +72,8 @@ class Block(nn.Module):
         self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model)
         self.proj = nn.Linear(cfg.d_model, cfg.d_model)
         self.ln2 = nn.LayerNorm(cfg.d_model)
-        self.mlp = nn.Sequential(nn.Linear(cfg.d_model, 4 * cfg.d_model), nn.GELU(), nn.Linear(4 * cfg.d_model, cfg.d_model))
+        d = cfg.d_model
+        self.mlp = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d))
         self.cache: KVCache | None = None
 
     def forward(self, x: torch.Tensor, input_pos: torch.Tensor | None) -> torch.Tensor:
@@ -119,7 +120,8 @@ class ActionTransformer(nn.Module):
         for blk in self.blocks:
             blk.cache = None
 
-    def forward(self, obs: torch.Tensor | None, tokens: torch.Tensor, input_pos: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, obs: torch.Tensor | None, tokens: torch.Tensor,
+                input_pos: torch.Tensor | None = None) -> torch.Tensor:
         parts = []
         if obs is not None:
             parts.append(self.obs_proj(obs)[:, None, :])

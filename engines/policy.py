@@ -13,8 +13,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
-
 from edgeinfer.engines.model import ActionTransformer, PolicyConfig
+
 from edgeinfer.tokenizer import ActionTokenizer
 
 WEIGHTS_DIR = Path(__file__).resolve().parent / "weights"

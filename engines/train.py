@@ -15,13 +15,13 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
-from rich.progress import Progress
-
 from edgeinfer.engines.dataset import chunk_windows, step_increments
 from edgeinfer.engines.evaluate import evaluate_policy
 from edgeinfer.engines.model import ActionTransformer, PolicyConfig
 from edgeinfer.engines.policy import DEFAULT_POLICY, Policy
 from edgeinfer.sim.logs import list_schunk_runs, read_schunk, split_of
+from rich.progress import Progress
+
 from edgeinfer.tokenizer import ActionTokenizer
 
 
@@ -74,7 +74,7 @@ def train(cfg: TrainConfig) -> Policy:
     t0 = time.monotonic()
     with Progress() as progress:
         task = progress.add_task("training target", total=cfg.steps)
-        for step in range(cfg.steps):
+        for _ in range(cfg.steps):
             idx = torch.as_tensor(rng.integers(0, len(x), cfg.batch_size))
             logits = model(x[idx], y[idx, :-1])  # position p predicts action token p
             loss = F.cross_entropy(logits.reshape(-1, pcfg.n_bins), y[idx].reshape(-1))

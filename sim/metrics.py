@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections import Counter
 
 import numpy as np
-
 from edgeinfer.sim.stats import latency_summary_ms, wilson_interval
+
 from edgeinfer.wire import RUNGS
 
 

@@ -21,15 +21,15 @@ from pathlib import Path
 
 import numpy as np
 import zmq
+from edgeinfer.control.loop import ControlConfig
+from edgeinfer.sim.logs import ArmLog, read_schunk, synthetic_log
+from edgeinfer.sim.metrics import summarize, write_ticks
+from edgeinfer.sim.report import plot_latency, print_table, write_report
 from rich.console import Console
 
 from edgeinfer import transport
 from edgeinfer.clock import now_ns, sleep_until
-from edgeinfer.control.loop import ControlConfig
 from edgeinfer.runtime import RuntimeConfig
-from edgeinfer.sim.logs import ArmLog, read_schunk, synthetic_log
-from edgeinfer.sim.metrics import summarize, write_ticks
-from edgeinfer.sim.report import plot_latency, print_table, write_report
 from edgeinfer.wire import ActionChunk, JointCommand, Observation, Start, Stop
 
 

@@ -135,7 +135,8 @@ def plot_latency(latencies_ms: np.ndarray, deadline_ms: float, miss_mask: np.nda
     """Save a two-panel PNG: latency per tick with misses in red (left), log-y histogram (right).
 
     latencies_ms: (N,) float ms per tick, NaN for ticks with no command (a missed one is drawn as a red x on
-    the deadline line). miss_mask: (N,) bool, True where the tick missed its deadline. Raises ValueError if the shapes differ.
+    the deadline line). miss_mask: (N,) bool, True where the tick missed its deadline.
+    Raises ValueError if the shapes differ.
     """
     # Figure + Agg canvas directly (no pyplot): no global backend switch, no display needed, thread-safe.
     from matplotlib.backends.backend_agg import FigureCanvasAgg

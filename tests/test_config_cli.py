@@ -5,13 +5,13 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from edgeinfer.config_cli import add_options, build, load_launch, to_argv
 from edgeinfer.control.loop import ControlConfig
 from edgeinfer.control.safety import SafetyLimits
+from edgeinfer.sim.replay import ReplayConfig
+
+from edgeinfer.config_cli import add_options, build, load_launch, to_argv
 from edgeinfer.runtime import RuntimeConfig
 from edgeinfer.scheduler import SchedulerConfig
-from edgeinfer.sim.replay import ReplayConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 

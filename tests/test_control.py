@@ -2,10 +2,10 @@
 import numpy as np
 import pytest
 import zmq
-
 from edgeinfer.control.buffer import ChunkBuffer
 from edgeinfer.control.loop import ControlConfig, ControlLoop
 from edgeinfer.control.safety import SafetyLimits
+
 from edgeinfer.transport import Endpoints, Receiver, pull, push
 from edgeinfer.wire import ActionChunk, JointCommand, Observation
 

@@ -3,9 +3,17 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
-from edgeinfer.sim.logs import (HELD_OUT, TRAIN, ArmLog, LogError, list_schunk_runs, read_schunk, split_of,
-                                synthetic_log, write_schunk)
+from edgeinfer.sim.logs import (
+    HELD_OUT,
+    TRAIN,
+    ArmLog,
+    LogError,
+    list_schunk_runs,
+    read_schunk,
+    split_of,
+    synthetic_log,
+    write_schunk,
+)
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "schunk_lwa4p"
 

@@ -1,6 +1,5 @@
 """KV-cache correctness: cached decoding over arbitrary pass sizes and rollbacks equals a cache-free forward."""
 import torch
-
 from edgeinfer.engines.model import ActionTransformer, PolicyConfig
 
 

@@ -5,11 +5,11 @@ import subprocess
 import sys
 
 import pytest
+from edgeinfer.engines.policy import DEFAULT_POLICY
+from edgeinfer.sim.replay import ReplayConfig, replay
 from rich.console import Console
 
-from edgeinfer.engines.policy import DEFAULT_POLICY
 from edgeinfer.runtime import RuntimeConfig
-from edgeinfer.sim.replay import ReplayConfig, replay
 
 pytestmark = pytest.mark.slow
 

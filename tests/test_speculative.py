@@ -1,9 +1,9 @@
 """Speculative decoding is exact: token-for-token identical to target-only greedy decoding on real data."""
 import numpy as np
 import torch
-
 from edgeinfer.engines.drafters import KinematicDrafter
 from edgeinfer.engines.evaluate import greedy_decode_batch
+
 from edgeinfer.scheduler import SchedulerConfig, TickPlanner
 from edgeinfer.speculative import speculative_decode
 

@@ -4,10 +4,9 @@ import json
 
 import numpy as np
 import pytest
-from rich.console import Console
-
 from edgeinfer.sim.report import plot_latency, print_table, write_report
 from edgeinfer.sim.stats import latency_summary_ms, quantile_ci, wilson_interval
+from rich.console import Console
 
 
 def test_wilson_known_values():

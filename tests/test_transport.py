@@ -10,9 +10,8 @@ import numpy as np
 import pytest
 import zmq
 
-from edgeinfer.transport import (Endpoints, Receiver, pub, pull, push, send, sub, wait_for_hello,
-                                 wait_until_subscribed)
-from edgeinfer.wire import Hello, Observation
+from edgeinfer.transport import Endpoints, Receiver, pub, pull, push, send, sub, wait_for_hello, wait_until_subscribed
+from edgeinfer.wire import Observation
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -7,8 +7,18 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from edgeinfer.wire import (MAX_HEADER_BYTES, ActionChunk, Hello, JointCommand, Observation, Start, Stop,
-                            WireError, decode, encode)
+from edgeinfer.wire import (
+    MAX_HEADER_BYTES,
+    ActionChunk,
+    Hello,
+    JointCommand,
+    Observation,
+    Start,
+    Stop,
+    WireError,
+    decode,
+    encode,
+)
 
 D = 7
 
