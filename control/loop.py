@@ -15,7 +15,7 @@ from edgeinfer.control.buffer import ChunkBuffer
 from edgeinfer.control.safety import SafetyLimits
 
 from edgeinfer import transport
-from edgeinfer.clock import Ticker, now_ns
+from edgeinfer.clock import Ticker, now_ns, try_realtime
 from edgeinfer.wire import ActionChunk, JointCommand, Observation, Start, Stop
 
 
@@ -26,11 +26,14 @@ class ControlConfig:
 
     phase_ms: float = 1.0
     spin_us: float = 200.0
+    realtime_priority: int = 60  # SCHED_FIFO priority, best effort (0 = off), as ros2_control does
     limits: SafetyLimits = field(default_factory=SafetyLimits)
 
     def __post_init__(self):
-        if not 0 <= self.phase_ms < 1000 or self.spin_us < 0:
-            raise ValueError("ControlConfig.phase_ms must be in [0, 1000) and spin_us >= 0")
+        if not 0 <= self.phase_ms < 1000 or not 0 <= self.spin_us <= 10_000:
+            raise ValueError("ControlConfig.phase_ms must be in [0, 1000) and spin_us in [0, 10000]")
+        if not 0 <= self.realtime_priority <= 99:
+            raise ValueError(f"ControlConfig.realtime_priority must be in 0..99, got {self.realtime_priority}")
 
 
 @dataclass
@@ -73,6 +76,9 @@ class ControlLoop:
         raise TimeoutError("control: no Start message")
 
     def run(self, start: Start) -> ControlStats:
+        warning = try_realtime(self.cfg.realtime_priority)
+        if warning:
+            print(f"control: {warning}", flush=True)
         ticker = Ticker(start.t0_ns + int(self.cfg.phase_ms * 1e6), start.period_ns, int(self.cfg.spin_us * 1e3))
         period_s = start.period_ns / 1e9
         while (n := ticker.wait()) < start.n_ticks:
@@ -106,7 +112,9 @@ class ControlLoop:
             self.stats.holds += 1
         else:
             q, rung, chunk_seq = sample
-        q, clamped = self.cfg.limits.clamp(q, self.last_q, period_s)
+        # the first command is rate-limited from the measured position, every later one from the last command
+        reference = self.last_q if self.last_q is not None else (self.last_obs.q_rad if self.last_obs else None)
+        q, clamped = self.cfg.limits.clamp(q, reference, period_s)
         self.stats.clamped += clamped
         self.stats.ticks += 1
         self.last_q = q

@@ -6,15 +6,14 @@ import sys
 from pathlib import Path
 
 from edgeinfer.config_cli import add_options, build, load_launch
+from edgeinfer.control.loop import ControlConfig
+from edgeinfer.engines.train import TrainConfig
+from edgeinfer.runtime import RuntimeConfig
+from edgeinfer.sim.replay import ReplayConfig
+from edgeinfer.transport import Endpoints
 
 
 def main(argv: list[str] | None = None) -> int:
-    from edgeinfer.control.loop import ControlConfig
-    from edgeinfer.engines.train import TrainConfig
-    from edgeinfer.runtime import RuntimeConfig
-    from edgeinfer.sim.replay import ReplayConfig
-    from edgeinfer.transport import Endpoints
-
     parser = argparse.ArgumentParser(prog="edgeinfer", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("replay", help="replay a recorded arm log through runtime + control over ZeroMQ")
@@ -27,13 +26,29 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("train", help="train the target policy on the Schunk recordings")
     add_options(p, TrainConfig)
     args = parser.parse_args(argv)
+    try:
+        return _run(args, parser)
+    except KeyboardInterrupt:
+        return 130
+    except (ValueError, OSError, TimeoutError, RuntimeError, KeyError) as e:
+        # configuration, data and start-up errors already name their field, file or process: no traceback
+        print(f"edgeinfer {args.command}: error: {e}", file=sys.stderr)
+        return 2
 
+
+def _run(args, parser) -> int:
     if args.command == "replay":
         from edgeinfer.sim.replay import replay
 
-        cfg = build(ReplayConfig, args, load_launch(args.launch, "replay"))
+        launch_dir = args.launch.resolve().parent if args.launch else None
+        try:
+            cfg = build(ReplayConfig, args, load_launch(args.launch, "replay"), launch_dir)
+        except ValueError as e:
+            raise ValueError(f"{args.launch}: {e}" if args.launch else str(e)) from None
         report = replay(cfg)
-        print(f"wrote {cfg.out / 'report.json'} and {cfg.out / 'latency.png'}")
+        print(f"wrote {cfg.out}/: report.json, ticks.csv, latency.png, runtime.log, control.log")
+        if report["interrupted"]:
+            return 130
         return 0 if all(code == 0 for code in report["process_exit_codes"].values()) else 1
     if args.command == "serve":
         from edgeinfer.runtime import serve
@@ -50,9 +65,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "train":
         from edgeinfer.engines.train import train
 
-        policy = train(build(TrainConfig, args))
-        print(f"wrote {policy.manifest['weights']}; held-out metrics: {policy.manifest['metrics_held_out']}")
+        cfg = build(TrainConfig, args)
+        policy = train(cfg)
+        print(f"wrote {cfg.out} and {cfg.out.with_suffix('.pt')}; held-out metrics: "
+              f"{policy.manifest['metrics_held_out']}")
         return 0
+    parser.error(f"unknown command {args.command}")
     return 2
 
 

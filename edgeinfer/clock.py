@@ -5,6 +5,7 @@ start epoch sent in a message means the same instant to the replayer, the runtim
 """
 from __future__ import annotations
 
+import os
 import time
 
 now_ns = time.perf_counter_ns
@@ -51,3 +52,27 @@ class Ticker:
         self.max_lateness_ns = max(self.max_lateness_ns, lateness)
         self.next_tick = n + 1
         return n
+
+
+def try_realtime(priority: int) -> str | None:
+    """Best effort: run this process under SCHED_FIFO at `priority` (1..99; 0 = leave it alone).
+
+    Returns None on success, else a warning to show (no permission, not Linux). Real-time scheduling keeps
+    a sleeping control loop's wake-up from waiting behind a busy inference process on a small machine.
+    Every spin in this project is bounded (`sleep_until`'s tail), so a FIFO process cannot hog a core.
+    """
+    if priority <= 0:
+        return None
+    try:
+        os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(priority))
+    except (AttributeError, PermissionError, OSError) as e:
+        return f"real-time priority {priority} not available ({e}); timing runs under the normal scheduler"
+    return None
+
+
+def leave_realtime() -> None:
+    """Back to the normal scheduler (for a process that goes on to do other work)."""
+    try:
+        os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
+    except (AttributeError, PermissionError, OSError):
+        pass  # never raised to FIFO, or not Linux: nothing to undo

@@ -17,6 +17,8 @@ from typing import Any
 
 import tomllib
 
+LAUNCH_SECTIONS = ("replay", "serve", "control", "train")  # one table per edgeinfer command
+
 
 def _leaves(cls, path=()) -> list[tuple[tuple[str, ...], Any, Any]]:
     """(dotted path, type, default) for every non-dataclass field, depth first."""
@@ -38,17 +40,22 @@ def _leaves(cls, path=()) -> list[tuple[tuple[str, ...], Any, Any]]:
 
 
 def _scalar(tp):
-    """(converter, nargs) for an annotation: Optional[X] -> X, list[float] -> float with nargs '+'."""
+    """(converter, nargs, choices) for an annotation: Optional[X] -> X, list[float] -> float with nargs '+',
+    Literal[...] -> str with choices."""
     if typing.get_origin(tp) in (typing.Union, types.UnionType):
         tp = next(a for a in typing.get_args(tp) if a is not type(None))
+    if typing.get_origin(tp) is typing.Literal:
+        return str, None, list(typing.get_args(tp))
     if typing.get_origin(tp) is list:
-        return typing.get_args(tp)[0], "+"
+        return typing.get_args(tp)[0], "+", None
     if tp is bool:
-        return lambda s: s.lower() in ("1", "true", "yes"), None
-    return tp, None
+        return lambda s: s.lower() in ("1", "true", "yes"), None, None
+    return tp, None, None
 
 
 def add_options(parser: argparse.ArgumentParser, *classes) -> None:
+    """One --option per leaf field of `classes` (nested dataclasses flattened). Raises ValueError when two
+    fields would share an option name."""
     seen: dict[str, tuple] = {}
     for cls in classes:
         for path, tp, default in _leaves(cls):
@@ -56,16 +63,22 @@ def add_options(parser: argparse.ArgumentParser, *classes) -> None:
             if name in seen:
                 raise ValueError(f"option --{name} is ambiguous: {seen[name]} and {path}")
             seen[name] = path
-            conv, nargs = _scalar(tp)
+            conv, nargs, choices = _scalar(tp)
+            required = default == "required"
             parser.add_argument("--" + name.replace("_", "-"), dest=".".join(path), type=conv, nargs=nargs,
-                                default=argparse.SUPPRESS, help=f"(default: {default})")
+                                choices=choices, required=required, metavar=name.upper(),
+                                default=argparse.SUPPRESS, help="(required)" if required else f"(default: {default})")
 
 
-def build(cls, args: argparse.Namespace, launch: dict | None = None):
-    """Instantiate `cls` from launch-file values overlaid with command-line values."""
+def build(cls, args: argparse.Namespace, launch: dict | None = None, base_dir: Path | None = None):
+    """Instantiate `cls` from launch-file values overlaid with command-line values.
+
+    Relative paths from the launch file resolve against `base_dir` (the launch file's folder). Raises
+    ValueError naming the dotted key for an unknown key or a value of the wrong type.
+    """
     names = {f.name for f in dataclasses.fields(cls)}
     values = {k: v for k, v in vars(args).items() if k.split(".")[0] in names}
-    return _from_dict(cls, _overlay(launch or {}, values))
+    return _from_dict(cls, _overlay(launch or {}, values), cls.__name__, base_dir)
 
 
 def _overlay(base: dict, dotted: dict) -> dict:
@@ -79,22 +92,59 @@ def _overlay(base: dict, dotted: dict) -> dict:
     return out
 
 
-def _from_dict(cls, d: dict):
+def _check_type(where: str, tp, value, base_dir: Path | None):
+    """The value converted to the field's type (str -> Path), or ValueError naming the field."""
+    if value is None:
+        if type(None) in typing.get_args(tp):
+            return None
+        raise ValueError(f"{where}: must not be empty")
+    inner, nargs, choices = _scalar(tp)
+    items = value if nargs else [value]
+    if nargs and not isinstance(value, list):
+        raise ValueError(f"{where}: expected a list, got {value!r}")
+    out = []
+    for v in items:
+        if inner is float and type(v) in (int, float):
+            v = float(v)
+        elif inner is Path and isinstance(v, (str, Path)):
+            v = Path(v) if base_dir is None or Path(v).is_absolute() or isinstance(v, Path) else base_dir / v
+        elif not (isinstance(inner, type) and type(v) is inner) and not (choices and isinstance(v, str)):
+            raise ValueError(f"{where}: expected {getattr(inner, '__name__', inner)}, got {v!r}")
+        out.append(v)
+    return out if nargs else out[0]
+
+
+def _from_dict(cls, d: dict, where: str, base_dir: Path | None = None):
     hints = typing.get_type_hints(cls)
     names = {f.name for f in dataclasses.fields(cls)}
     unknown = set(d) - names
     if unknown:
-        raise ValueError(f"{cls.__name__}: unknown keys {sorted(unknown)}")
-    kwargs = {k: (_from_dict(hints[k], v) if dataclasses.is_dataclass(hints[k]) else v) for k, v in d.items()}
+        raise ValueError(f"{where}: unknown keys {sorted(unknown)}; known: {sorted(names)}")
+    kwargs = {}
+    for k, v in d.items():
+        at = f"{where}.{k}"
+        if dataclasses.is_dataclass(hints[k]):
+            if not isinstance(v, dict):
+                raise ValueError(f"{at}: expected a table, got {v!r}")
+            kwargs[k] = _from_dict(hints[k], v, at, base_dir)
+        else:
+            kwargs[k] = _check_type(at, hints[k], v, base_dir)
     return cls(**kwargs)
 
 
 def load_launch(path: Path | None, section: str) -> dict:
-    """The `section` table of a TOML launch file ({} when no file)."""
+    """The `section` table of a TOML launch file ({} when no file). Raises ValueError naming the file for
+    invalid TOML or a top-level table that is not an edgeinfer command (a typo would silently run defaults)."""
     if path is None:
         return {}
-    with open(path, "rb") as fh:
-        doc = tomllib.load(fh)
+    try:
+        with open(path, "rb") as fh:
+            doc = tomllib.load(fh)
+    except tomllib.TOMLDecodeError as e:
+        raise ValueError(f"{path}: {e}") from None
+    if set(doc) - set(LAUNCH_SECTIONS):
+        raise ValueError(f"{path}: unknown table(s) {sorted(set(doc) - set(LAUNCH_SECTIONS))}; "
+                         f"expected one of {list(LAUNCH_SECTIONS)}")
     return doc.get(section, {})
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import signal
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 import torch
@@ -35,12 +36,13 @@ class RuntimeConfig:
     20 ms at 250 Hz); the chunk horizon covers the gap, and the idle time is left to the control loop."""
 
     policy: Path = DEFAULT_POLICY
-    decode: str = "speculative"
+    decode: Literal["speculative", "target-only"] = "speculative"
     drafter: str = "kinematic"
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     warmup_chunks: int = 30
     threads: int = 1
     replan_every_ticks: int = 5
+    idle_timeout_s: float = 5.0  # after the start, exit when no message arrives for this long
 
     def __post_init__(self):
         self.policy = Path(self.policy)
@@ -50,6 +52,8 @@ class RuntimeConfig:
             raise ValueError(f"RuntimeConfig.drafter must be one of {sorted(DRAFTERS)}, got {self.drafter!r}")
         if self.threads < 1:
             raise ValueError(f"RuntimeConfig.threads must be >= 1, got {self.threads}")
+        if not self.idle_timeout_s > 0:
+            raise ValueError(f"RuntimeConfig.idle_timeout_s must be > 0, got {self.idle_timeout_s}")
         if self.replan_every_ticks < 1:
             raise ValueError(f"RuntimeConfig.replan_every_ticks must be >= 1, got {self.replan_every_ticks}")
 
@@ -112,15 +116,27 @@ def serve(cfg: RuntimeConfig, endpoints: transport.Endpoints, handshake_timeout_
         chunk_pub = transport.pub(ctx, endpoints.chunks, bind=True)
         ready = transport.push(ctx, endpoints.ready)
         start = _handshake(runtime, obs_rx, chunk_pub, ready, handshake_timeout_s)
+        print(f"runtime: started ({cfg.decode}, budget {cfg.scheduler.budget_ms} ms)", flush=True)
         step_ns = start.period_ns * runtime.policy.cfg.stride_ticks
-        next_seq = 0
+        next_seq, last_msg_ns = 0, now_ns()
+        budget_ns = int(cfg.scheduler.budget_ms * 1e6)
         while not stop["flag"]:
             msg = obs_rx.recv_latest(100)  # latest-only: a stale observation is worse than none
+            if msg is None:
+                if now_ns() - last_msg_ns > cfg.idle_timeout_s * 1e9:
+                    print(f"runtime: no message for {cfg.idle_timeout_s} s; exiting", flush=True)
+                    break
+                continue
+            last_msg_ns = now_ns()
             if isinstance(msg, Stop):
                 break
             if isinstance(msg, Observation) and msg.seq >= next_seq:
                 next_seq = msg.seq + cfg.replan_every_ticks
-                transport.send(chunk_pub, runtime.step(msg, now_ns(), step_ns))
+                # The budget runs from when the observation was taken (same-host monotonic clock), so time
+                # spent in transport counts; a timestamp from another clock falls back to receipt time.
+                age_ns = last_msg_ns - msg.t_ns
+                t_start = msg.t_ns if 0 <= age_ns < budget_ns else last_msg_ns
+                transport.send(chunk_pub, runtime.step(msg, t_start, step_ns))
         print(f"runtime: {runtime.n_chunks} chunks sent; observations skipped as stale {obs_rx.stale_dropped}; "
               f"malformed messages {obs_rx.malformed} (last: {obs_rx.last_error or '-'})", flush=True)
         return runtime.n_chunks

@@ -16,17 +16,22 @@ import numpy as np
 
 @dataclass
 class SchedulerConfig:
-    """budget_ms: time from receiving an observation to publishing its chunk. k_max: drafts per target pass
+    """budget_ms: from the observation being taken to its chunk being published. k_max: drafts per target pass
     (0 = target-only). quantile: cost estimate used for planning. window: samples kept per operation."""
 
     budget_ms: float = 16.0
     k_max: int = 6
     quantile: float = 0.99
     window: int = 256
+    margin_ms: float = 0.5  # kept free at the end of the budget for encoding and publishing the chunk
 
     def __post_init__(self):
-        if self.budget_ms <= 0:
-            raise ValueError(f"SchedulerConfig.budget_ms must be > 0, got {self.budget_ms}")
+        if not 0 < self.budget_ms <= 10_000:
+            raise ValueError(f"SchedulerConfig.budget_ms must be in (0, 10000], got {self.budget_ms}")
+        if not 0 <= self.margin_ms < self.budget_ms:
+            raise ValueError(f"SchedulerConfig.margin_ms must be in [0, budget_ms), got {self.margin_ms}")
+        if not 16 <= self.window <= 100_000:
+            raise ValueError(f"SchedulerConfig.window must be in 16..100000, got {self.window}")
         if not 0 <= self.k_max <= 64:
             raise ValueError(f"SchedulerConfig.k_max must be in 0..64, got {self.k_max}")
         if not 0.5 <= self.quantile < 1:
@@ -73,7 +78,7 @@ class TickPlanner:
     def start(self, t_start_ns: int | None = None) -> None:
         """Begin a chunk whose budget runs from t_start_ns (default: now)."""
         t = time.perf_counter_ns() if t_start_ns is None else t_start_ns
-        self.deadline_ns = t + int(self.cfg.budget_ms * 1e6)
+        self.deadline_ns = t + int((self.cfg.budget_ms - self.cfg.margin_ms) * 1e6)
 
     def unlimited(self) -> None:
         """Plan without a deadline (warm-up and offline evaluation)."""

@@ -58,6 +58,8 @@ def load_split(data_dir: Path, horizon: int, stride: int) -> dict[str, tuple[np.
 
 
 def train(cfg: TrainConfig) -> Policy:
+    """Train, evaluate on the held-out runs, and save weights + manifest to cfg.out (its folder is created)."""
+    cfg.out.parent.mkdir(parents=True, exist_ok=True)  # fail before training, not after, if it cannot be made
     torch.manual_seed(cfg.seed)
     rng = np.random.default_rng(cfg.seed)
     data = load_split(cfg.data_dir, cfg.horizon, cfg.stride_ticks)
@@ -70,7 +72,9 @@ def train(cfg: TrainConfig) -> Policy:
                         stride_ticks=cfg.stride_ticks, n_bins=cfg.n_bins)
     model = ActionTransformer(pcfg)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.01)
-    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=cfg.lr, total_steps=cfg.steps, pct_start=0.05)
+    # warm up over 5% of the steps (at least 3, so that short smoke runs keep a valid schedule)
+    warmup = min(0.3, max(0.05, 3 / cfg.steps))
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=cfg.lr, total_steps=cfg.steps, pct_start=warmup)
     t0 = time.monotonic()
     with Progress() as progress:
         task = progress.add_task("training target", total=cfg.steps)
@@ -87,7 +91,9 @@ def train(cfg: TrainConfig) -> Policy:
     policy = Policy(model, tokenizer, mean, std, manifest={})
     ho_feats, ho_offsets, ho_runs = data["held_out"]
     metrics = evaluate_policy(policy, ho_feats, ho_offsets)
+    rate_hz = read_schunk(next(iter(list_schunk_runs(cfg.data_dir).values()))).rate_hz
     policy.save(cfg.out, {
+        "control_rate_hz": round(rate_hz, 3),
         "trained_on": "Schunk LWA 4P recordings (Liu & Althoff, IROS 2018), CC0",
         "split": {"rule": "held_out = measurement numbers n with n % 5 == 1", "train": train_runs, "held_out": ho_runs,
                   "train_windows": int(len(x)), "held_out_windows": int(len(ho_feats))},

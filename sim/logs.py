@@ -59,13 +59,23 @@ class ArmLog:
 
     @property
     def rate_hz(self) -> float:
-        """Median sample rate in Hz (median so one dropped sample does not move it)."""
-        return float(np.median(1.0 / np.diff(self.t_s)))
+        """Sample rate in Hz: 1 / period_s (see period_ns)."""
+        return 1.0 / self._period_s()
 
     @property
     def period_ns(self) -> int:
-        """Median sample period in integer nanoseconds."""
-        return int(round(float(np.median(np.diff(self.t_s))) * 1e9))
+        """Sample period in integer nanoseconds.
+
+        Each step is counted in whole median periods (a dropped sample counts 2), then the period is the
+        least-squares slope of time against that count, so neither jitter nor a dropped sample moves it.
+        """
+        return int(round(self._period_s() * 1e9))
+
+    def _period_s(self) -> float:
+        dt = np.diff(self.t_s)
+        median = float(np.median(dt))
+        count = np.r_[0.0, np.cumsum(np.maximum(np.round(dt / median), 1))]
+        return float(np.polyfit(count, self.t_s, 1)[0])
 
     @property
     def n_joints(self) -> int:

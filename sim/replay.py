@@ -13,6 +13,7 @@ outcome: on_time, late, lost or hold.
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 import time
@@ -22,13 +23,15 @@ from pathlib import Path
 import numpy as np
 import zmq
 from edgeinfer.control.loop import ControlConfig
-from edgeinfer.sim.logs import ArmLog, read_schunk, synthetic_log
+from edgeinfer.sim.logs import ArmLog, LogError, read_schunk, synthetic_log
 from edgeinfer.sim.metrics import summarize, write_ticks
 from edgeinfer.sim.report import plot_latency, print_table, write_report
+from edgeinfer.sim.schedule import previous_rows, tick_grid
 from rich.console import Console
 
-from edgeinfer import transport
+from edgeinfer import clock, transport
 from edgeinfer.clock import now_ns, sleep_until
+from edgeinfer.config_cli import to_argv
 from edgeinfer.runtime import RuntimeConfig
 from edgeinfer.wire import ActionChunk, JointCommand, Observation, Start, Stop
 
@@ -43,42 +46,79 @@ class ReplayConfig:
     deadline_ms: float | None = None
     settle_ms: float = 200.0
     handshake_timeout_s: float = 120.0
-    kill_runtime_at_tick: int | None = None  # fault injection: SIGKILL the runtime when this tick is sent
+    kill_runtime_at_tick: int | None = None  # fault injection: SIGKILL the runtime when this row is sent
+    replayer_priority: int = 50  # SCHED_FIFO priority of the replayer (best effort; 0 = off)
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
     control: ControlConfig = field(default_factory=ControlConfig)
 
     def __post_init__(self):
         self.out = Path(self.out)
         self.log = Path(self.log) if self.log is not None else None
-        if self.deadline_ms is not None and self.deadline_ms <= 0:
+        if self.deadline_ms is not None and not self.deadline_ms > 0:
             raise ValueError(f"ReplayConfig.deadline_ms must be > 0, got {self.deadline_ms}")
+        if not 0 < self.settle_ms <= 60_000:
+            raise ValueError(f"ReplayConfig.settle_ms must be in (0, 60000], got {self.settle_ms}")
+        if not 0 <= self.replayer_priority <= 99:
+            raise ValueError(f"ReplayConfig.replayer_priority must be in 0..99, got {self.replayer_priority}")
 
 
 @dataclass
 class Recording:
-    """What the replayer saw, all on its own clock (ns)."""
+    """What the replayer saw, all on its own clock (ns). Index i is a log row (one observation)."""
 
-    t_sched_ns: np.ndarray  # (N,) scheduled send time of observation n
-    t_sent_ns: np.ndarray  # (N,) actual send time
+    t0_ns: int
+    period_ns: int
+    n_ticks: int
+    tick: np.ndarray  # (N,) control tick of observation i
+    t_sched_ns: np.ndarray  # (N,) scheduled send time of observation i: t0 + tick * period
+    t_sent_ns: np.ndarray  # (N,) actual send time (0 = not sent: the run was interrupted)
     commands: dict[int, tuple[int, JointCommand]] = field(default_factory=dict)  # tick -> (t_recv, first command)
     chunks: list[tuple[int, ActionChunk]] = field(default_factory=list)  # (t_recv, chunk)
+    rejected_commands: int = 0  # for a tick out of range or not yet due: no real control loop sends those
     malformed: int = 0
+    interrupted: bool = False
 
 
 def load_log(path: Path | None) -> ArmLog:
-    return synthetic_log() if path is None else read_schunk(path)
+    """The log at `path` (a Schunk measurement directory), or the embedded synthetic log when None."""
+    if path is None:
+        return synthetic_log()
+    if not Path(path).is_dir():
+        raise LogError(f"log directory not found: {path}")
+    return read_schunk(path)
+
+
+def check_log_fits_policy(log: ArmLog, manifest: dict) -> None:
+    """Raise LogError when the policy cannot run on this log (joint count, control rate)."""
+    cfg = manifest["config"]
+    if log.n_joints != cfg["n_joints"]:
+        raise LogError(f"{log.name}: log has {log.n_joints} joints, the policy expects {cfg['n_joints']}")
+    rate = manifest.get("control_rate_hz")
+    if rate is not None and abs(log.rate_hz - rate) > 0.01 * rate:
+        raise LogError(f"{log.name}: log rate {log.rate_hz:.1f} Hz, the policy was trained at {rate:.1f} Hz "
+                       f"(its chunk step is {cfg['stride_ticks']} ticks)")
 
 
 def replay(cfg: ReplayConfig, console: Console | None = None) -> dict:
-    """Run one replay end to end; writes cfg.out/report.json and latency.png. Returns the report dict."""
+    """Run one replay end to end; writes report.json, ticks.csv and latency.png under cfg.out.
+
+    Returns the report dict. Raises LogError for a log the policy cannot run on, RuntimeError when a
+    child process dies during start-up, TimeoutError when the handshake does not complete. SIGINT or
+    SIGTERM during the run stop it early with a report of what was sent (`interrupted: true`).
+    """
     console = console or Console()
     log = load_log(cfg.log)
+    manifest = json.loads(cfg.runtime.policy.read_text())
+    check_log_fits_policy(log, manifest)
+    stride = manifest["config"]["stride_ticks"]
+    ticks = tick_grid(log)
     deadline_ms = cfg.deadline_ms if cfg.deadline_ms is not None else log.period_ns / 1e6
-    stride = json.loads(cfg.runtime.policy.read_text())["config"]["stride_ticks"]
     cfg.out.mkdir(parents=True, exist_ok=True)
     ep = transport.Endpoints.free_loopback()
     ctx = zmq.Context()
     procs: list[subprocess.Popen] = []
+    previous_sigterm = signal.signal(signal.SIGTERM, _raise_interrupt)
+    rt_warning = clock.try_realtime(cfg.replayer_priority)
     try:
         obs_pub = transport.pub(ctx, ep.obs, bind=True)
         cmd_rx = transport.Receiver(transport.pull(ctx, ep.commands, bind=True, hwm=10_000))
@@ -92,30 +132,37 @@ def replay(cfg: ReplayConfig, console: Console | None = None) -> dict:
             transport.wait_for_hello([chunk_rx], cfg.handshake_timeout_s)
         with console.status(f"replaying {len(log)} observations at {log.rate_hz:.0f} Hz"):
             fault = (cfg.kill_runtime_at_tick, procs[0].kill) if cfg.kill_runtime_at_tick is not None else None
-            rec = _stream(log, stride, obs_pub, cmd_rx, chunk_rx, deadline_ms, cfg.settle_ms, fault)
-            transport.send(obs_pub, Stop("end of log"))
+            rec = _stream(log, ticks, stride, obs_pub, cmd_rx, chunk_rx, deadline_ms, cfg.settle_ms, fault)
+            transport.send(obs_pub, Stop("interrupted" if rec.interrupted else "end of log"))
             exit_codes = _finish(procs, cmd_rx, chunk_rx, rec)
     finally:
         for p in procs:
             if p.poll() is None:
                 p.kill()
         ctx.destroy(linger=0)
-    report, ticks = summarize(rec, log, cfg, deadline_ms, stride)
+        clock.leave_realtime()
+        signal.signal(signal.SIGTERM, previous_sigterm)
+    report, per_tick = summarize(rec, log, cfg, deadline_ms, stride)
     report["process_exit_codes"] = exit_codes
+    report["harness"]["replayer_priority"] = None if rt_warning else cfg.replayer_priority
     for role, code in exit_codes.items():
         if code != 0:
             console.print(f"[red]{role} process exited with code {code}; see {cfg.out / (role + '.log')}[/red]")
+    if rt_warning:
+        console.print(f"[yellow]replayer: {rt_warning}[/yellow]")
     write_report(report, cfg.out)
-    write_ticks(ticks, cfg.out / "ticks.csv")
-    plot_latency(ticks["latency_ms"], deadline_ms, ticks["outcome"] != "on_time", cfg.out / "latency.png",
+    write_ticks(per_tick, cfg.out / "ticks.csv")
+    plot_latency(per_tick["latency_ms"], deadline_ms, per_tick["outcome"] != "on_time", cfg.out / "latency.png",
                  f"{report['log']} ({report['decode']})")
     print_table([report], console)
     return report
 
 
-def _spawn(role: str, role_cfg, ep: transport.Endpoints, log_path: Path) -> subprocess.Popen:
-    from edgeinfer.config_cli import to_argv  # the child rebuilds the same dataclasses from these options
+def _raise_interrupt(signum, frame):
+    raise KeyboardInterrupt(f"signal {signum}")
 
+
+def _spawn(role: str, role_cfg, ep: transport.Endpoints, log_path: Path) -> subprocess.Popen:
     argv = [sys.executable, "-m", "edgeinfer", role, *to_argv(role_cfg), *to_argv(ep)]
     return subprocess.Popen(argv, stdout=log_path.open("w"), stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
 
@@ -127,21 +174,26 @@ def _check_alive(procs, out: Path) -> None:
             raise RuntimeError(f"{role} process exited with code {p.returncode} during start-up:\n{tail}")
 
 
-def _stream(log: ArmLog, stride: int, obs_pub, cmd_rx, chunk_rx, deadline_ms: float, settle_ms: float,
-            fault=None) -> Recording:
-    n = len(log)
+def _stream(log: ArmLog, ticks: np.ndarray, stride: int, obs_pub, cmd_rx, chunk_rx, deadline_ms: float,
+            settle_ms: float, fault=None) -> Recording:
+    """Publish every sample at its tick on an absolute schedule; stop early (keeping what was sent) on
+    KeyboardInterrupt."""
     t0 = now_ns() + int(settle_ms * 1e6)
-    t_sched = t0 + np.round(log.t_s * 1e9).astype(np.int64)
-    rec = Recording(t_sched, np.zeros(n, dtype=np.int64))
-    transport.send(obs_pub, Start(t0, log.period_ns, n))
-    for i in range(n):
-        _collect_until(int(t_sched[i]), cmd_rx, chunk_rx, rec)
-        q_prev = log.q_rad[max(i - stride, 0)]
-        rec.t_sent_ns[i] = now_ns()
-        transport.send(obs_pub, Observation(i, int(t_sched[i]), log.q_rad[i], log.qd_rad_s[i], q_prev))
-        if fault is not None and i == fault[0]:
-            fault[1]()
-    _collect_until(int(t_sched[-1]) + int(deadline_ms * 1e6) + 20_000_000, cmd_rx, chunk_rx, rec)
+    period = log.period_ns
+    rec = Recording(t0, period, int(ticks[-1]) + 1, ticks, t0 + ticks * period, np.zeros(len(log), dtype=np.int64))
+    prev = previous_rows(ticks, stride)
+    transport.send(obs_pub, Start(t0, period, rec.n_ticks))
+    try:
+        for i in range(len(log)):
+            _collect_until(int(rec.t_sched_ns[i]), cmd_rx, chunk_rx, rec)
+            rec.t_sent_ns[i] = now_ns()
+            obs = Observation(int(ticks[i]), int(rec.t_sched_ns[i]), log.q_rad[i], log.qd_rad_s[i], log.q_rad[prev[i]])
+            transport.send(obs_pub, obs)
+            if fault is not None and i == fault[0]:
+                fault[1]()
+        _collect_until(int(rec.t_sched_ns[-1]) + int(deadline_ms * 1e6) + 20_000_000, cmd_rx, chunk_rx, rec)
+    except KeyboardInterrupt:
+        rec.interrupted = True
     return rec
 
 
@@ -164,8 +216,12 @@ def _collect_until(deadline_ns: int, cmd_rx, chunk_rx, rec: Recording, spin_ns: 
 def _collect(cmd_rx, chunk_rx, rec: Recording) -> None:
     t = now_ns()
     for msg in cmd_rx.drain():
-        if isinstance(msg, JointCommand):
+        if not isinstance(msg, JointCommand):
+            continue
+        if 0 <= msg.seq < rec.n_ticks and t >= rec.t0_ns + msg.seq * rec.period_ns:
             rec.commands.setdefault(msg.seq, (t, msg))
+        else:
+            rec.rejected_commands += 1
     for msg in chunk_rx.drain():
         if isinstance(msg, ActionChunk):
             rec.chunks.append((t, msg))

@@ -129,7 +129,6 @@ def test_unknown_launch_key_raises_naming_it(tmp_path, text, key):
 
 
 @pytest.mark.parametrize("argv, match", [
-    (["--decode", "fast"], "decode"),
     (["--k-max", "65"], "k_max"),
     (["--budget-ms", "0"], "budget_ms"),
     (["--deadline-ms", "-1"], "deadline_ms"),
@@ -158,3 +157,36 @@ def test_cli_replay_help_lists_generated_options():
     assert res.returncode == 0, res.stderr
     for opt in ("--decode", "--budget-ms", "--launch", "--q-min-rad", "--phase-ms"):
         assert opt in res.stdout
+
+
+def test_choices_are_checked_by_the_parser(capsys):
+    with pytest.raises(SystemExit):
+        parse_build(["--decode", "fast"])
+    assert "invalid choice: 'fast'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("text, match", [
+    ('[replay.runtime.scheduler]\nbudget_ms = "16"\n', r"ReplayConfig.runtime.scheduler.budget_ms: expected float"),
+    ("[replay.runtime]\nthreads = 1.5\n", r"ReplayConfig.runtime.threads: expected int"),
+    ("[replay.runtime.scheduler]\nk_max = true\n", r"k_max: expected int"),
+    ("[replay]\nruntime = 3\n", r"ReplayConfig.runtime: expected a table"),
+])
+def test_launch_values_of_the_wrong_type_name_the_key(tmp_path, text, match):
+    launch = load_launch(write_launch(tmp_path, text), "replay")
+    with pytest.raises(ValueError, match=match):
+        parse_build([], launch)
+
+
+def test_launch_table_typo_is_an_error_not_silent_defaults(tmp_path):
+    with pytest.raises(ValueError, match=r"unknown table\(s\) \['replya'\]"):
+        load_launch(write_launch(tmp_path, "[replya]\ndeadline_ms = 5.0\n"), "replay")
+
+
+def test_launch_relative_paths_resolve_against_the_launch_file(tmp_path):
+    path = write_launch(tmp_path, '[replay]\nlog = "data/run1"\nout = "/abs/out"\n')
+    cfg = build(ReplayConfig, replay_parser().parse_args([]), load_launch(path, "replay"), tmp_path)
+    assert cfg.log == tmp_path / "data" / "run1"
+    assert cfg.out == Path("/abs/out")
+    # a path given on the command line stays relative to the working directory
+    cfg = build(ReplayConfig, replay_parser().parse_args(["--log", "here"]), load_launch(path, "replay"), tmp_path)
+    assert cfg.log == Path("here")

@@ -1,11 +1,15 @@
 """End to end: the replayer, the runtime node and the control loop as separate processes over real
 ZeroMQ sockets on loopback, replaying a real Schunk recording and the embedded default log."""
 import json
+import signal
 import subprocess
 import sys
+import time
 
+import numpy as np
 import pytest
 from edgeinfer.engines.policy import DEFAULT_POLICY
+from edgeinfer.sim.logs import ArmLog, LogError, synthetic_log, write_schunk
 from edgeinfer.sim.replay import ReplayConfig, replay
 from rich.console import Console
 
@@ -41,7 +45,7 @@ def test_real_schunk_measurement_speculative(schunk_dir, tmp_path):
     assert report["quality"]["action_rmse_rad"] < 0.01
     assert (tmp_path / "latency.png").stat().st_size > 10_000
     ticks = (tmp_path / "ticks.csv").read_text().splitlines()
-    assert len(ticks) == 1 + 937 and ticks[0] == "tick,latency_ms,outcome,rung"
+    assert len(ticks) == 1 + 937 and ticks[0] == "observation,tick,latency_ms,outcome,rung"
 
 
 def test_cli_default_replay_runs_on_embedded_log_target_only(tmp_path):
@@ -80,3 +84,45 @@ def test_runtime_killed_mid_run_is_counted_not_lost(tmp_path):
     assert report["outcomes"]["hold"] >= n - 300 - 45 - report["outcomes"]["lost"]
     assert report["outcomes"]["lost"] == n - report["commands_received"]
     assert json.loads((tmp_path / "report.json").read_text())["deadline_misses"] == report["deadline_misses"]
+
+
+def test_dropped_sample_keeps_every_later_observation_on_its_tick(tmp_path):
+    log = synthetic_log(seconds=2.0)
+    keep = np.r_[0:100, 101:len(log)]
+    write_schunk(ArmLog("gap", log.t_s[keep], log.q_rad[keep], log.qd_rad_s[keep]), tmp_path / "gap")
+    report = replay(ReplayConfig(log=tmp_path / "gap", out=tmp_path / "out"), Console(quiet=True))
+    _check_accounting(report)
+    assert report["observations_sent"] == len(log) - 1
+    assert report["harness"]["ticks_without_observation"] == 1
+    rows = [r.split(",") for r in (tmp_path / "out" / "ticks.csv").read_text().splitlines()[1:]]
+    assert rows[100][:2] == ["100", "101"]  # the observation after the gap sits on tick 101
+    latencies = [float(r[2]) for r in rows if r[2]]
+    # a command can never be received before its observation was due: latency >= the control phase
+    assert min(latencies) >= 0.9
+
+
+def test_log_with_other_joint_count_is_refused_before_starting(tmp_path):
+    log = synthetic_log(seconds=0.5)
+    write_schunk(ArmLog("three", log.t_s, log.q_rad[:, :3], log.qd_rad_s[:, :3]), tmp_path / "three")
+    with pytest.raises(LogError, match="log has 3 joints, the policy expects 6"):
+        replay(ReplayConfig(log=tmp_path / "three", out=tmp_path / "out"), Console(quiet=True))
+    assert not (tmp_path / "out" / "runtime.log").exists()  # no process was started
+
+
+def test_sigterm_stops_the_replay_with_a_report_of_what_was_sent(tmp_path):
+    write_schunk(synthetic_log(seconds=30.0), tmp_path / "long")
+    out = tmp_path / "out"
+    proc = subprocess.Popen([sys.executable, "-m", "edgeinfer", "replay", "--log", str(tmp_path / "long"),
+                             "--out", str(out)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while not ((out / "runtime.log").exists() and "started" in (out / "runtime.log").read_text()):
+        assert proc.poll() is None and time.monotonic() < deadline
+        time.sleep(0.1)
+    time.sleep(1.0)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 130
+    report = json.loads((out / "report.json").read_text())
+    assert report["interrupted"] is True
+    assert 0 < report["observations_sent"] < 7500
+    _check_accounting(report)
+    assert report["process_exit_codes"] == {"runtime": 0, "control": 0}  # both children told to stop, and did
