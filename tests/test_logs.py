@@ -15,14 +15,10 @@ from edgeinfer.sim.logs import (
     write_schunk,
 )
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "schunk_lwa4p"
-
 
 @pytest.fixture(scope="module")
-def data_root() -> Path:
-    if not (DATA / "measurement_1").is_dir():
-        pytest.skip(f"real data not found at {DATA}")
-    return DATA
+def data_root(schunk_dir) -> Path:
+    return schunk_dir
 
 
 def test_measurement_1(data_root):
