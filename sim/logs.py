@@ -24,7 +24,11 @@ TRAIN: frozenset[int] = frozenset(n for n in range(1, 100) if n % 5 not in (0, 1
 # Start pose of the real recordings (measurement_1, row 1, rounded); the synthetic log moves around it.
 Q0_RAD = np.array([1.06, -1.0, -1.37, 0.0, 0.58, -0.77])
 _MAX_OFFSET_RAD = 0.6
-_MAX_SPEED_RAD_S = 1.2
+# Joint range covered by the 80 real recordings (rad); the synthetic log stays inside it, where the policy
+# was trained.
+_Q_MIN_RAD = np.array([-0.59, -1.0, -2.12, -1.66, -1.14, -1.69])
+_Q_MAX_RAD = np.array([1.25, 0.99, 1.65, 0.47, 1.53, 1.32])
+_MAX_SPEED_RAD_S = 0.8
 # Peak of the minimum-jerk velocity profile is 1.875 * dq / T; keep 10 % below the limit.
 _MINJERK_PEAK = 1.875
 _SPEED_MARGIN = 0.9
@@ -236,8 +240,8 @@ def _minjerk(tau: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 def synthetic_log(seconds: float = 3.0, rate_hz: float = 250.0, seed: int = 0) -> ArmLog:
     """Deterministic 6-joint log of minimum-jerk point-to-point moves, the default without ../shared.
 
-    Each move lasts 0.6-1.5 s between random targets within +-0.6 rad of Q0_RAD; step sizes are capped so the
-    peak speed 1.875*dq/T stays below 1.2 rad/s. qd is the analytic derivative. Returns (T,) / (T, 6) float64
+    Each move lasts 0.6-1.5 s between random targets within +-0.6 rad of Q0_RAD and the real recordings' joint range; step sizes are capped so the
+    peak speed 1.875*dq/T stays below 0.8 rad/s. qd is the analytic derivative. Returns (T,) / (T, 6) float64
     with T = round(seconds * rate_hz). Raises ValueError for non-positive seconds or rate, or T < 2.
     """
     if seconds <= 0 or rate_hz <= 0:
@@ -253,8 +257,8 @@ def synthetic_log(seconds: float = 3.0, rate_hz: float = 250.0, seed: int = 0) -
     while t_from <= t[-1]:
         dur = float(rng.uniform(0.6, 1.5))
         step_max = _SPEED_MARGIN * _MAX_SPEED_RAD_S * dur / _MINJERK_PEAK
-        lo = np.maximum(Q0_RAD - _MAX_OFFSET_RAD, q_from - step_max)
-        hi = np.minimum(Q0_RAD + _MAX_OFFSET_RAD, q_from + step_max)
+        lo = np.maximum(np.maximum(Q0_RAD - _MAX_OFFSET_RAD, _Q_MIN_RAD), q_from - step_max)
+        hi = np.minimum(np.minimum(Q0_RAD + _MAX_OFFSET_RAD, _Q_MAX_RAD), q_from + step_max)
         q_to = rng.uniform(lo, hi)
         sel = (t >= t_from) & (t < t_from + dur)
         s, ds = _minjerk((t[sel] - t_from) / dur)
