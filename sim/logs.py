@@ -241,7 +241,8 @@ def synthetic_log(seconds: float = 3.0, rate_hz: float = 250.0, seed: int = 0) -
     """Deterministic 6-joint log of minimum-jerk point-to-point moves, the default without ../shared.
 
     Each move lasts 0.6-1.5 s between random targets within +-0.6 rad of Q0_RAD and inside the real
-    recordings' joint range; step sizes are capped so the peak speed 1.875*dq/T stays below 0.8 rad/s. qd is the analytic derivative. Returns (T,) / (T, 6) float64
+    recordings' joint range; step sizes are capped so the peak speed 1.875*dq/T stays below 0.8 rad/s.
+    qd is the analytic derivative. Returns (T,) / (T, 6) float64
     with T = round(seconds * rate_hz). Raises ValueError for non-positive seconds or rate, or T < 2.
     """
     if seconds <= 0 or rate_hz <= 0:
