@@ -16,6 +16,7 @@ from edgeinfer.control.safety import SafetyLimits
 
 from edgeinfer import transport
 from edgeinfer.clock import Ticker, now_ns, try_realtime
+from edgeinfer.lifecycle import ParentWatch
 from edgeinfer.wire import ActionChunk, JointCommand, Observation, Start, Stop
 
 
@@ -56,6 +57,9 @@ class ControlLoop:
         self.last_obs: Observation | None = None
 
     def open(self) -> "ControlLoop":
+        self.parent = ParentWatch()
+        # real-time priority before the context exists, so that its I/O thread inherits it too
+        self.rt_warning = try_realtime(self.cfg.realtime_priority)
         self.ctx = zmq.Context()
         self.obs = transport.Receiver(transport.sub(self.ctx, self.endpoints.obs))
         self.chunks = transport.Receiver(transport.sub(self.ctx, self.endpoints.chunks))
@@ -63,11 +67,14 @@ class ControlLoop:
         self.ready = transport.push(self.ctx, self.endpoints.ready)
         return self
 
-    def handshake(self, timeout_s: float = 30.0) -> Start:
-        transport.wait_for_hello([self.obs, self.chunks], timeout_s)
+    def handshake(self, timeout_s: float = 300.0) -> Start:
+        """Report ready once both SUBs hear Hellos, then wait for Start. Raises TimeoutError, or RuntimeError
+        when stopped or orphaned first."""
+        transport.wait_for_hello([self.obs, self.chunks], timeout_s, check=self.parent.check)
         transport.announce_ready(self.ready, "control")
         deadline = now_ns() + int(timeout_s * 1e9)
         while now_ns() < deadline:
+            self.parent.check()
             msg = self.obs.recv(100)
             if isinstance(msg, Start):
                 return msg
@@ -76,13 +83,15 @@ class ControlLoop:
         raise TimeoutError("control: no Start message")
 
     def run(self, start: Start) -> ControlStats:
-        warning = try_realtime(self.cfg.realtime_priority)
-        if warning:
-            print(f"control: {warning}", flush=True)
+        if self.rt_warning:
+            print(f"control: {self.rt_warning}", flush=True)
         ticker = Ticker(start.t0_ns + int(self.cfg.phase_ms * 1e6), start.period_ns, int(self.cfg.spin_us * 1e3))
         period_s = start.period_ns / 1e9
         while (n := ticker.wait()) < start.n_ticks:
             if not self._take_messages():
+                break
+            if n % 250 == 0 and self.parent.parent_gone():
+                print("control: parent process exited; stopping", flush=True)
                 break
             self._command(n, start.t0_ns + n * start.period_ns, period_s)
         self.stats.overruns = ticker.overruns

@@ -29,6 +29,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return _run(args, parser)
     except KeyboardInterrupt:
+        print(f"edgeinfer {args.command}: interrupted", file=sys.stderr)
         return 130
     except (ValueError, OSError, TimeoutError, RuntimeError, KeyError) as e:
         # configuration, data and start-up errors already name their field, file or process: no traceback
@@ -41,8 +42,9 @@ def _run(args, parser) -> int:
         from edgeinfer.sim.replay import replay
 
         launch_dir = args.launch.resolve().parent if args.launch else None
+        launch = load_launch(args.launch, "replay")
         try:
-            cfg = build(ReplayConfig, args, load_launch(args.launch, "replay"), launch_dir)
+            cfg = build(ReplayConfig, args, launch, launch_dir)
         except ValueError as e:
             raise ValueError(f"{args.launch}: {e}" if args.launch else str(e)) from None
         report = replay(cfg)

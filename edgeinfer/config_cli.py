@@ -107,7 +107,8 @@ def _check_type(where: str, tp, value, base_dir: Path | None):
         if inner is float and type(v) in (int, float):
             v = float(v)
         elif inner is Path and isinstance(v, (str, Path)):
-            v = Path(v) if base_dir is None or Path(v).is_absolute() or isinstance(v, Path) else base_dir / v
+            relative_to_launch = base_dir is not None and isinstance(v, str) and not Path(v).is_absolute()
+            v = (base_dir / v).resolve() if relative_to_launch else Path(v)
         elif not (isinstance(inner, type) and type(v) is inner) and not (choices and isinstance(v, str)):
             raise ValueError(f"{where}: expected {getattr(inner, '__name__', inner)}, got {v!r}")
         out.append(v)

@@ -22,6 +22,7 @@ from edgeinfer import transport
 from edgeinfer.clock import now_ns
 from edgeinfer.engines.drafters import DRAFTERS, make_drafter
 from edgeinfer.engines.policy import DEFAULT_POLICY, load_policy
+from edgeinfer.lifecycle import ParentWatch
 from edgeinfer.scheduler import SchedulerConfig, TickPlanner
 from edgeinfer.speculative import speculative_decode
 from edgeinfer.wire import ActionChunk, Hello, Observation, Start, Stop
@@ -105,8 +106,9 @@ class PolicyRuntime:
             target_passes=res.target_passes, drafted=res.drafted, accepted=res.accepted)
 
 
-def serve(cfg: RuntimeConfig, endpoints: transport.Endpoints, handshake_timeout_s: float = 60.0) -> int:
+def serve(cfg: RuntimeConfig, endpoints: transport.Endpoints, handshake_timeout_s: float = 300.0) -> int:
     """Run the runtime node until a Stop message (or SIGTERM). Returns the number of chunks sent."""
+    parent = ParentWatch()
     runtime = PolicyRuntime(cfg)
     stop = {"flag": False}
     signal.signal(signal.SIGTERM, lambda *_: stop.update(flag=True))
@@ -115,7 +117,7 @@ def serve(cfg: RuntimeConfig, endpoints: transport.Endpoints, handshake_timeout_
         obs_rx = transport.Receiver(transport.sub(ctx, endpoints.obs))
         chunk_pub = transport.pub(ctx, endpoints.chunks, bind=True)
         ready = transport.push(ctx, endpoints.ready)
-        start = _handshake(runtime, obs_rx, chunk_pub, ready, handshake_timeout_s)
+        start = _handshake(runtime, obs_rx, chunk_pub, ready, handshake_timeout_s, parent)
         print(f"runtime: started ({cfg.decode}, budget {cfg.scheduler.budget_ms} ms)", flush=True)
         step_ns = start.period_ns * runtime.policy.cfg.stride_ticks
         next_seq, last_msg_ns = 0, now_ns()
@@ -144,7 +146,7 @@ def serve(cfg: RuntimeConfig, endpoints: transport.Endpoints, handshake_timeout_
         ctx.destroy(linger=0)
 
 
-def _handshake(runtime, obs_rx, chunk_pub, ready, timeout_s: float) -> Start:
+def _handshake(runtime, obs_rx, chunk_pub, ready, timeout_s: float, parent: ParentWatch) -> Start:
     """Warm up, then publish Hellos on the chunk PUB (for its subscribers) until Start arrives."""
     d = runtime.policy.cfg.n_joints
     mean = runtime.policy.feat_mean
@@ -152,6 +154,7 @@ def _handshake(runtime, obs_rx, chunk_pub, ready, timeout_s: float) -> Start:
     announced, i = False, 0
     deadline = now_ns() + int(timeout_s * 1e9)
     while now_ns() < deadline:
+        parent.check()
         transport.send(chunk_pub, Hello("runtime", i, now_ns()))
         i += 1
         msg = obs_rx.recv(transport.HELLO_PERIOD_MS)

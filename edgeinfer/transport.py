@@ -188,7 +188,7 @@ def announce_ready(push_sock: zmq.Socket, name: str) -> bool:
     return send(push_sock, Hello(name, 0, time.perf_counter_ns()))
 
 
-def wait_for_hello(receivers: list[Receiver], timeout_s: float) -> None:
+def wait_for_hello(receivers: list[Receiver], timeout_s: float, check: Callable[[], None] | None = None) -> None:
     """Block until each receiver has yielded a Hello (other messages are discarded).
 
     Raises TimeoutError naming the receivers' endpoints still silent after `timeout_s` s.
@@ -196,6 +196,8 @@ def wait_for_hello(receivers: list[Receiver], timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
     waiting = list(receivers)
     while waiting:
+        if check is not None:
+            check()
         for r in list(waiting):
             if isinstance(r.recv(HELLO_PERIOD_MS), Hello):
                 waiting.remove(r)

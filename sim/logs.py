@@ -154,8 +154,8 @@ def read_schunk(path: str | Path, on_error: Literal["raise", "truncate"] = "rais
     steps = np.flatnonzero(np.diff(t) <= 0)
     if steps.size:
         line = int(steps[0]) + 2  # diff index i compares rows i and i+1 (0-based) -> line i+2
-        problems.append((line, f"{time_path} line {line}: time not increasing ({t[line - 2]!r} -> "
-                               f"{t[line - 1]!r})"))
+        problems.append((line, f"{time_path} line {line}: time not increasing ({float(t[line - 2])} -> "
+                               f"{float(t[line - 1])})"))
     if len(t) != len(traj):
         # Checked even when a parse error exists: the shorter file bounds what a truncation can keep.
         line = min(len(t), len(traj)) + 1

@@ -34,6 +34,9 @@ def summarize(rec, log, cfg, deadline_ms: float, stride: int) -> tuple[dict, dic
         rung[i] = cmd.rung
         outcome[i] = "hold" if cmd.rung == "hold" else ("late" if t_recv > deadline_ns[i] else "on_time")
     outcomes = {k: int(np.sum(outcome == k)) for k in ("on_time", "late", "lost", "hold")}
+    send_lateness_ms = (rec.t_sent_ns[:n] - t_sched) / 1e6
+    # late at the replayer although the control loop sent in time: transport or harness, not the policy path
+    late_but_sent_in_time = int(np.sum((outcome == "late") & (at_control_ms <= deadline_ms)))
     misses = n - outcomes["on_time"]
     row_of_tick = {int(k): i for i, k in enumerate(ticks)}
     chunks = [c for _, c in rec.chunks if c.obs_seq in row_of_tick]
@@ -67,12 +70,15 @@ def summarize(rec, log, cfg, deadline_ms: float, stride: int) -> tuple[dict, dic
                  "target_passes_per_chunk": passes / len(chunks) if chunks else None},
         "quality": _quality(rec.commands, chunks, log, ticks, row_of_tick, stride),
         # Harness health: if these are large, misses may come from the replayer, not the system under test.
-        "harness": {"replayer_send_lateness_ms": latency_summary_ms((rec.t_sent_ns[:n] - t_sched).astype(float)),
+        "harness": {"replayer_send_lateness_ms": latency_summary_ms(send_lateness_ms * 1e6),
                     "latency_at_control_send_ms": latency_summary_ms(at_control_ms * 1e6),
+                    "late_but_sent_in_time": late_but_sent_in_time,
+                    "duplicate_commands": rec.duplicate_commands,
                     "ticks_without_observation": int(rec.n_ticks - len(rec.tick)),
                     "rejected_commands": rec.rejected_commands,
                     "malformed_messages": rec.malformed},
-    }, {"tick": ticks, "latency_ms": latency_ms, "outcome": outcome, "rung": rung}
+    }, {"tick": ticks, "latency_ms": latency_ms, "outcome": outcome, "rung": rung,
+        "send_lateness_ms": send_lateness_ms, "at_control_send_ms": at_control_ms}
 
 
 def _quality(commands: dict, chunks: list, log, ticks, row_of_tick: dict, stride: int) -> dict:
@@ -96,9 +102,11 @@ def _quality(commands: dict, chunks: list, log, ticks, row_of_tick: dict, stride
 
 
 def write_ticks(per_obs: dict, path) -> None:
-    """One row per observation: its log row, control tick, latency_ms (empty when lost), outcome, rung."""
-    rows = zip(per_obs["tick"], per_obs["latency_ms"], per_obs["outcome"], per_obs["rung"])
+    """One row per observation: its log row, control tick, latency_ms at the replayer and at the control
+    loop's send (empty when lost), the replayer's own send lateness, outcome and rung."""
+    cols = ("tick", "latency_ms", "at_control_send_ms", "send_lateness_ms", "outcome", "rung")
+    fmt = lambda v: "" if isinstance(v, float) and np.isnan(v) else (f"{v:.4f}" if isinstance(v, float) else str(v))  # noqa: E731
     with open(path, "w") as fh:
-        fh.write("observation,tick,latency_ms,outcome,rung\n")
-        for i, (tick, lat, out, rung) in enumerate(rows):
-            fh.write(f"{i},{tick},{'' if np.isnan(lat) else f'{lat:.4f}'},{out},{rung}\n")
+        fh.write("observation," + ",".join(cols) + "\n")
+        for i, row in enumerate(zip(*(per_obs[c] for c in cols))):
+            fh.write(f"{i}," + ",".join(fmt(v) for v in row) + "\n")

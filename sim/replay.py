@@ -13,6 +13,7 @@ outcome: on_time, late, lost or hold.
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -32,6 +33,7 @@ from rich.console import Console
 from edgeinfer import clock, transport
 from edgeinfer.clock import now_ns, sleep_until
 from edgeinfer.config_cli import to_argv
+from edgeinfer.lifecycle import PARENT_PID_ENV
 from edgeinfer.runtime import RuntimeConfig
 from edgeinfer.wire import ActionChunk, JointCommand, Observation, Start, Stop
 
@@ -58,6 +60,10 @@ class ReplayConfig:
             raise ValueError(f"ReplayConfig.deadline_ms must be > 0, got {self.deadline_ms}")
         if not 0 < self.settle_ms <= 60_000:
             raise ValueError(f"ReplayConfig.settle_ms must be in (0, 60000], got {self.settle_ms}")
+        if not self.handshake_timeout_s > 0:
+            raise ValueError(f"ReplayConfig.handshake_timeout_s must be > 0, got {self.handshake_timeout_s}")
+        if self.kill_runtime_at_tick is not None and self.kill_runtime_at_tick < 0:
+            raise ValueError(f"ReplayConfig.kill_runtime_at_tick must be >= 0, got {self.kill_runtime_at_tick}")
         if not 0 <= self.replayer_priority <= 99:
             raise ValueError(f"ReplayConfig.replayer_priority must be in 0..99, got {self.replayer_priority}")
 
@@ -75,6 +81,7 @@ class Recording:
     commands: dict[int, tuple[int, JointCommand]] = field(default_factory=dict)  # tick -> (t_recv, first command)
     chunks: list[tuple[int, ActionChunk]] = field(default_factory=list)  # (t_recv, chunk)
     rejected_commands: int = 0  # for a tick out of range or not yet due: no real control loop sends those
+    duplicate_commands: int = 0  # a second command for a tick (the first one counts): a second sender?
     malformed: int = 0
     interrupted: bool = False
 
@@ -88,15 +95,23 @@ def load_log(path: Path | None) -> ArmLog:
     return read_schunk(path)
 
 
-def check_log_fits_policy(log: ArmLog, manifest: dict) -> None:
-    """Raise LogError when the policy cannot run on this log (joint count, control rate)."""
-    cfg = manifest["config"]
-    if log.n_joints != cfg["n_joints"]:
-        raise LogError(f"{log.name}: log has {log.n_joints} joints, the policy expects {cfg['n_joints']}")
+def check_run_fits(log: ArmLog, manifest: dict, cfg: ReplayConfig, deadline_ms: float) -> None:
+    """Raise LogError when the policy cannot run on this log (joint count, control rate), ValueError when
+    the control settings cannot (limits for another joint count, a phase past the deadline)."""
+    policy = manifest["config"]
+    if log.n_joints != policy["n_joints"]:
+        raise LogError(f"{log.name}: log has {log.n_joints} joints, the policy expects {policy['n_joints']}")
     rate = manifest.get("control_rate_hz")
     if rate is not None and abs(log.rate_hz - rate) > 0.01 * rate:
         raise LogError(f"{log.name}: log rate {log.rate_hz:.1f} Hz, the policy was trained at {rate:.1f} Hz "
-                       f"(its chunk step is {cfg['stride_ticks']} ticks)")
+                       f"(its chunk step is {policy['stride_ticks']} ticks)")
+    n_limits = {len(cfg.control.limits.q_min_rad), len(cfg.control.limits.q_max_rad)}
+    if n_limits != {log.n_joints}:
+        raise ValueError(f"SafetyLimits: q_min_rad/q_max_rad have {sorted(n_limits)} entries, the log has "
+                         f"{log.n_joints} joints")
+    if cfg.control.phase_ms >= deadline_ms:
+        raise ValueError(f"ControlConfig.phase_ms={cfg.control.phase_ms} is not before the {deadline_ms} ms "
+                         "deadline: every command would be late")
 
 
 def replay(cfg: ReplayConfig, console: Console | None = None) -> dict:
@@ -109,23 +124,24 @@ def replay(cfg: ReplayConfig, console: Console | None = None) -> dict:
     console = console or Console()
     log = load_log(cfg.log)
     manifest = json.loads(cfg.runtime.policy.read_text())
-    check_log_fits_policy(log, manifest)
+    deadline_ms = cfg.deadline_ms if cfg.deadline_ms is not None else log.period_ns / 1e6
+    check_run_fits(log, manifest, cfg, deadline_ms)
     stride = manifest["config"]["stride_ticks"]
     ticks = tick_grid(log)
-    deadline_ms = cfg.deadline_ms if cfg.deadline_ms is not None else log.period_ns / 1e6
     cfg.out.mkdir(parents=True, exist_ok=True)
     ep = transport.Endpoints.free_loopback()
+    previous = {s: signal.signal(s, _raise_interrupt) for s in (signal.SIGINT, signal.SIGTERM)}
+    # Children first, so that they do not inherit the replayer's real-time priority: the runtime is the
+    # system under test and runs as it would on the robot. ZMQ connects retry until the binds below exist.
+    procs = [_spawn("serve", cfg.runtime, ep, cfg.out / "runtime.log"),
+             _spawn("control", cfg.control, ep, cfg.out / "control.log")]
+    rt_warning = clock.try_realtime(cfg.replayer_priority)  # before the context: its I/O thread inherits it
     ctx = zmq.Context()
-    procs: list[subprocess.Popen] = []
-    previous_sigterm = signal.signal(signal.SIGTERM, _raise_interrupt)
-    rt_warning = clock.try_realtime(cfg.replayer_priority)
     try:
         obs_pub = transport.pub(ctx, ep.obs, bind=True)
         cmd_rx = transport.Receiver(transport.pull(ctx, ep.commands, bind=True, hwm=10_000))
         ready_rx = transport.Receiver(transport.pull(ctx, ep.ready, bind=True))
         chunk_rx = transport.Receiver(transport.sub(ctx, ep.chunks, hwm=10_000))
-        procs = [_spawn("serve", cfg.runtime, ep, cfg.out / "runtime.log"),
-                 _spawn("control", cfg.control, ep, cfg.out / "control.log")]
         with console.status(f"starting runtime ({cfg.runtime.decode}) and control processes"):
             transport.wait_until_subscribed(obs_pub, "replayer", ready_rx, {"runtime", "control"},
                                             cfg.handshake_timeout_s, check=lambda: _check_alive(procs, cfg.out))
@@ -133,6 +149,8 @@ def replay(cfg: ReplayConfig, console: Console | None = None) -> dict:
         with console.status(f"replaying {len(log)} observations at {log.rate_hz:.0f} Hz"):
             fault = (cfg.kill_runtime_at_tick, procs[0].kill) if cfg.kill_runtime_at_tick is not None else None
             rec = _stream(log, ticks, stride, obs_pub, cmd_rx, chunk_rx, deadline_ms, cfg.settle_ms, fault)
+            for s in previous:  # a second Ctrl-C must not lose the report of the first
+                signal.signal(s, signal.SIG_IGN)
             transport.send(obs_pub, Stop("interrupted" if rec.interrupted else "end of log"))
             exit_codes = _finish(procs, cmd_rx, chunk_rx, rec)
     finally:
@@ -141,7 +159,8 @@ def replay(cfg: ReplayConfig, console: Console | None = None) -> dict:
                 p.kill()
         ctx.destroy(linger=0)
         clock.leave_realtime()
-        signal.signal(signal.SIGTERM, previous_sigterm)
+        for s, handler in previous.items():
+            signal.signal(s, handler)
     report, per_tick = summarize(rec, log, cfg, deadline_ms, stride)
     report["process_exit_codes"] = exit_codes
     report["harness"]["replayer_priority"] = None if rt_warning else cfg.replayer_priority
@@ -164,7 +183,10 @@ def _raise_interrupt(signum, frame):
 
 def _spawn(role: str, role_cfg, ep: transport.Endpoints, log_path: Path) -> subprocess.Popen:
     argv = [sys.executable, "-m", "edgeinfer", role, *to_argv(role_cfg), *to_argv(ep)]
-    return subprocess.Popen(argv, stdout=log_path.open("w"), stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    # A session of their own: Ctrl-C reaches only the replayer, which stops the children with a Stop message.
+    env = {**os.environ, PARENT_PID_ENV: str(os.getpid())}  # the child exits if this process dies
+    return subprocess.Popen(argv, stdout=log_path.open("w"), stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                            start_new_session=True, env=env)
 
 
 def _check_alive(procs, out: Path) -> None:
@@ -218,10 +240,12 @@ def _collect(cmd_rx, chunk_rx, rec: Recording) -> None:
     for msg in cmd_rx.drain():
         if not isinstance(msg, JointCommand):
             continue
-        if 0 <= msg.seq < rec.n_ticks and t >= rec.t0_ns + msg.seq * rec.period_ns:
-            rec.commands.setdefault(msg.seq, (t, msg))
-        else:
+        if not (0 <= msg.seq < rec.n_ticks and t >= rec.t0_ns + msg.seq * rec.period_ns):
             rec.rejected_commands += 1
+        elif msg.seq in rec.commands:
+            rec.duplicate_commands += 1
+        else:
+            rec.commands[msg.seq] = (t, msg)
     for msg in chunk_rx.drain():
         if isinstance(msg, ActionChunk):
             rec.chunks.append((t, msg))

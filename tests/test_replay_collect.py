@@ -22,11 +22,13 @@ def test_commands_for_ticks_not_yet_due_or_out_of_range_are_rejected():
             transport.send(tx, JointCommand(seq, seq, -1, now_ns(), np.zeros(6), "hold"))
         tx.send_multipart([b"not msgpack"])
         deadline = now_ns() + 2_000_000_000
-        while (rec.rejected_commands + len(rec.commands) < 5 or rec.malformed < 1) and now_ns() < deadline:
+        while (rec.rejected_commands + rec.duplicate_commands + len(rec.commands) < 6 or rec.malformed < 1) \
+                and now_ns() < deadline:
             cmd_rx.sock.poll(100)
             _collect(cmd_rx, chunk_rx, rec)
         assert sorted(rec.commands) == [0, 2]
         assert rec.rejected_commands == 3  # tick 50 not yet due; -1 and 100 outside the run
+        assert rec.duplicate_commands == 1  # the second command for tick 2: counted, not used
         assert rec.malformed == 1
     finally:
         ctx.destroy(linger=0)

@@ -45,7 +45,8 @@ def test_real_schunk_measurement_speculative(schunk_dir, tmp_path):
     assert report["quality"]["action_rmse_rad"] < 0.01
     assert (tmp_path / "latency.png").stat().st_size > 10_000
     ticks = (tmp_path / "ticks.csv").read_text().splitlines()
-    assert len(ticks) == 1 + 937 and ticks[0] == "observation,tick,latency_ms,outcome,rung"
+    assert len(ticks) == 1 + 937
+    assert ticks[0] == "observation,tick,latency_ms,at_control_send_ms,send_lateness_ms,outcome,rung"
 
 
 def test_cli_default_replay_runs_on_embedded_log_target_only(tmp_path):

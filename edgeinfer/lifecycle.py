@@ -1,0 +1,27 @@
+"""Process lifecycle helpers for the nodes a replay (or a launch) starts."""
+from __future__ import annotations
+
+import os
+
+PARENT_PID_ENV = "EDGEINFER_PARENT_PID"  # set by whoever starts a node and wants it to die with it
+
+
+class ParentWatch:
+    """Notices when the process that started this one has died.
+
+    A node started by a replayer that was SIGKILLed would otherwise wait out its start-up timeout or tick
+    to the end of the log on its own. The starter names itself in EDGEINFER_PARENT_PID (it may be gone
+    before this process gets to look at its parent); without it the parent at construction is watched, so
+    a node started from a shell or by systemd keeps running as long as that parent does.
+    """
+
+    def __init__(self):
+        self.ppid = int(os.environ.get(PARENT_PID_ENV, os.getppid()))
+
+    def parent_gone(self) -> bool:
+        return os.getppid() != self.ppid
+
+    def check(self) -> None:
+        """Raise RuntimeError when the parent is gone (for handshake `check` hooks)."""
+        if self.parent_gone():
+            raise RuntimeError(f"parent process {self.ppid} exited")

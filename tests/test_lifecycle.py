@@ -1,0 +1,53 @@
+"""Nodes do not outlive the process that started them, and a run that cannot work is refused up front."""
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+from edgeinfer.control.loop import ControlConfig
+from edgeinfer.control.safety import SafetyLimits
+from edgeinfer.engines.policy import DEFAULT_POLICY
+from edgeinfer.sim.logs import synthetic_log
+from edgeinfer.sim.replay import ReplayConfig, check_run_fits
+
+from edgeinfer.transport import Endpoints
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # a zombie still answers kill(0); it has exited all the same
+    with open(f"/proc/{pid}/stat") as fh:
+        return fh.read().split()[2] != "Z"
+
+
+def test_orphaned_control_node_exits_when_its_parent_dies():
+    ep = Endpoints.free_loopback()
+    args = " ".join(f"--{k} {v}" for k, v in vars(ep).items())
+    # a parent shell that starts the node and exits at once, as a SIGKILLed replayer would leave it
+    cmd = f"EDGEINFER_PARENT_PID=$$ {sys.executable} -m edgeinfer control {args} >/dev/null 2>&1 & echo $!"
+    out = subprocess.run(["bash", "-c", cmd], capture_output=True, text=True, timeout=30)
+    pid = int(out.stdout.strip())
+    deadline = time.monotonic() + 30  # python + torch import, then one handshake check period
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    alive = _alive(pid)
+    if alive:
+        os.kill(pid, 9)
+    assert not alive, "control node outlived its parent"
+
+
+def test_runs_that_cannot_work_are_refused_up_front():
+    import json
+
+    manifest = json.loads(DEFAULT_POLICY.read_text())
+    log = synthetic_log(seconds=0.5)
+    with pytest.raises(ValueError, match="phase_ms=4.0 is not before the 4.0 ms deadline"):
+        check_run_fits(log, manifest, ReplayConfig(control=ControlConfig(phase_ms=4.0)), 4.0)
+    short = SafetyLimits(q_min_rad=[-1.0] * 3, q_max_rad=[1.0] * 3)
+    with pytest.raises(ValueError, match=r"have \[3\] entries, the log has 6 joints"):
+        check_run_fits(log, manifest, ReplayConfig(control=ControlConfig(limits=short)), 4.0)
+    check_run_fits(log, manifest, ReplayConfig(), 4.0)  # the defaults fit
