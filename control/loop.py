@@ -15,7 +15,7 @@ from edgeinfer.control.buffer import ChunkBuffer
 from edgeinfer.control.safety import SafetyLimits
 
 from edgeinfer import transport
-from edgeinfer.clock import Ticker, now_ns, try_realtime
+from edgeinfer.clock import Ticker, now_ns, pin_to_cpus, try_realtime
 from edgeinfer.lifecycle import ParentWatch
 from edgeinfer.wire import ActionChunk, JointCommand, Observation, Start, Stop
 
@@ -28,6 +28,7 @@ class ControlConfig:
     phase_ms: float = 1.0
     spin_us: float = 200.0
     realtime_priority: int = 60  # SCHED_FIFO priority, best effort (0 = off), as ros2_control does
+    control_cpus: list[int] | None = None  # CPUs the control loop may use (None: any)
     limits: SafetyLimits = field(default_factory=SafetyLimits)
 
     def __post_init__(self):
@@ -59,7 +60,7 @@ class ControlLoop:
     def open(self) -> "ControlLoop":
         self.parent = ParentWatch()
         # real-time priority before the context exists, so that its I/O thread inherits it too
-        self.rt_warning = try_realtime(self.cfg.realtime_priority)
+        self.rt_warning = pin_to_cpus(self.cfg.control_cpus) or try_realtime(self.cfg.realtime_priority)
         self.ctx = zmq.Context()
         self.obs = transport.Receiver(transport.sub(self.ctx, self.endpoints.obs))
         self.chunks = transport.Receiver(transport.sub(self.ctx, self.endpoints.chunks))

@@ -76,3 +76,19 @@ def leave_realtime() -> None:
         os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
     except (AttributeError, PermissionError, OSError):
         pass  # never raised to FIFO, or not Linux: nothing to undo
+
+
+def pin_to_cpus(cpus: list[int] | None) -> str | None:
+    """Best effort: restrict this process (and the threads it starts later) to `cpus`. None: leave it.
+
+    Returns None on success, else a warning. Keeping the inference process off the control loop's CPU
+    means a waking real-time loop never preempts a decode in flight (the isolcpus/taskset habit of
+    robot controllers).
+    """
+    if not cpus:
+        return None
+    try:
+        os.sched_setaffinity(0, cpus)
+    except (AttributeError, OSError, ValueError) as e:
+        return f"cannot pin to CPUs {cpus} ({e}); running unpinned"
+    return None

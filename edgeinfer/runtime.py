@@ -19,7 +19,7 @@ import torch
 import zmq
 
 from edgeinfer import transport
-from edgeinfer.clock import now_ns
+from edgeinfer.clock import now_ns, pin_to_cpus
 from edgeinfer.engines.drafters import DRAFTERS, make_drafter
 from edgeinfer.engines.policy import DEFAULT_POLICY, load_policy
 from edgeinfer.lifecycle import ParentWatch
@@ -44,6 +44,7 @@ class RuntimeConfig:
     threads: int = 1
     replan_every_ticks: int = 5
     idle_timeout_s: float = 5.0  # after the start, exit when no message arrives for this long
+    runtime_cpus: list[int] | None = None  # CPUs the runtime may use (None: any)
 
     def __post_init__(self):
         self.policy = Path(self.policy)
@@ -109,6 +110,9 @@ class PolicyRuntime:
 def serve(cfg: RuntimeConfig, endpoints: transport.Endpoints, handshake_timeout_s: float = 300.0) -> int:
     """Run the runtime node until a Stop message (or SIGTERM). Returns the number of chunks sent."""
     parent = ParentWatch()
+    warning = pin_to_cpus(cfg.runtime_cpus)  # before torch starts its threads
+    if warning:
+        print(f"runtime: {warning}", flush=True)
     runtime = PolicyRuntime(cfg)
     stop = {"flag": False}
     signal.signal(signal.SIGTERM, lambda *_: stop.update(flag=True))

@@ -19,7 +19,7 @@ class SchedulerConfig:
     """budget_ms: from the observation being taken to its chunk being published. k_max: drafts per target pass
     (0 = target-only). quantile: cost estimate used for planning. window: samples kept per operation."""
 
-    budget_ms: float = 16.0
+    budget_ms: float = 20.0
     k_max: int = 6
     quantile: float = 0.99
     window: int = 256

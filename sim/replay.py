@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -50,6 +50,9 @@ class ReplayConfig:
     handshake_timeout_s: float = 120.0
     kill_runtime_at_tick: int | None = None  # fault injection: SIGKILL the runtime when this row is sent
     replayer_priority: int = 50  # SCHED_FIFO priority of the replayer (best effort; 0 = off)
+    # Pin the replayer and control loop to CPU 0 and the runtime to the others (when there are >= 2 and
+    # the runtime/control CPU options are unset), so real-time wake-ups never preempt a decode.
+    pin_cpus: bool = True
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
     control: ControlConfig = field(default_factory=ControlConfig)
 
@@ -66,6 +69,9 @@ class ReplayConfig:
             raise ValueError(f"ReplayConfig.kill_runtime_at_tick must be >= 0, got {self.kill_runtime_at_tick}")
         if not 0 <= self.replayer_priority <= 99:
             raise ValueError(f"ReplayConfig.replayer_priority must be in 0..99, got {self.replayer_priority}")
+
+
+_ORIGINAL_CPUS = os.sched_getaffinity(0)
 
 
 @dataclass
@@ -129,13 +135,16 @@ def replay(cfg: ReplayConfig, console: Console | None = None) -> dict:
     stride = manifest["config"]["stride_ticks"]
     ticks = tick_grid(log)
     cfg.out.mkdir(parents=True, exist_ok=True)
+    if cfg.pin_cpus:
+        _assign_cpus(cfg)
     ep = transport.Endpoints.free_loopback()
     previous = {s: signal.signal(s, _raise_interrupt) for s in (signal.SIGINT, signal.SIGTERM)}
     # Children first, so that they do not inherit the replayer's real-time priority: the runtime is the
     # system under test and runs as it would on the robot. ZMQ connects retry until the binds below exist.
     procs = [_spawn("serve", cfg.runtime, ep, cfg.out / "runtime.log"),
              _spawn("control", cfg.control, ep, cfg.out / "control.log")]
-    rt_warning = clock.try_realtime(cfg.replayer_priority)  # before the context: its I/O thread inherits it
+    # before the context: its I/O thread inherits both
+    rt_warning = clock.pin_to_cpus(cfg.control.control_cpus) or clock.try_realtime(cfg.replayer_priority)
     ctx = zmq.Context()
     try:
         obs_pub = transport.pub(ctx, ep.obs, bind=True)
@@ -159,6 +168,7 @@ def replay(cfg: ReplayConfig, console: Console | None = None) -> dict:
                 p.kill()
         ctx.destroy(linger=0)
         clock.leave_realtime()
+        clock.pin_to_cpus(sorted(_ORIGINAL_CPUS))
         for s, handler in previous.items():
             signal.signal(s, handler)
     report, per_tick = summarize(rec, log, cfg, deadline_ms, stride)
@@ -175,6 +185,13 @@ def replay(cfg: ReplayConfig, console: Console | None = None) -> dict:
                  f"{report['log']} ({report['decode']})")
     print_table([report], console)
     return report
+
+
+def _assign_cpus(cfg: ReplayConfig) -> None:
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2 or cfg.runtime.runtime_cpus is not None or cfg.control.control_cpus is not None:
+        return
+    cfg.control.control_cpus, cfg.runtime.runtime_cpus = cpus[:1], cpus[1:]
 
 
 def _raise_interrupt(signum, frame):
@@ -219,19 +236,24 @@ def _stream(log: ArmLog, ticks: np.ndarray, stride: int, obs_pub, cmd_rx, chunk_
     return rec
 
 
-def _collect_until(deadline_ns: int, cmd_rx, chunk_rx, rec: Recording, spin_ns: int = 300_000) -> None:
-    """Timestamp arriving commands and chunks as they come (poll, not per tick) until deadline_ns,
-    ending with a short spin so the next observation leaves on time."""
-    poller = zmq.Poller()
-    poller.register(cmd_rx.sock, zmq.POLLIN)
-    poller.register(chunk_rx.sock, zmq.POLLIN)
-    while (remaining := deadline_ns - now_ns()) > spin_ns:
-        wait_ms = int((remaining - spin_ns) / 1e6)  # zmq_poll counts whole ms
-        if poller.poll(wait_ms):
+def _collect_until(deadline_ns: int, cmd_rx, chunk_rx, rec: Recording, spin_ns: int = 200_000) -> None:
+    """Timestamp arriving commands and chunks as they come until deadline_ns, then spin briefly so the
+    next observation leaves on time.
+
+    Waits with select() on the sockets' notification fds, which takes sub-ms timeouts (zmq_poll counts
+    whole ms), so the process wakes only when a message arrives or the deadline nears. Those fds are
+    edge-triggered: ZMQ_EVENTS is checked, and the sockets drained, before every wait.
+    """
+    socks = (cmd_rx.sock, chunk_rx.sock)
+    fds = [s.getsockopt(zmq.FD) for s in socks]
+    while True:
+        if any(s.getsockopt(zmq.EVENTS) & zmq.POLLIN for s in socks):
             _collect(cmd_rx, chunk_rx, rec)
-        elif wait_ms == 0:
-            time.sleep(50e-6)  # sub-ms tail: short naps bound the timestamp error to ~0.1 ms
-    _collect(cmd_rx, chunk_rx, rec)
+            continue
+        remaining = deadline_ns - now_ns()
+        if remaining <= spin_ns:
+            break
+        select.select(fds, [], [], (remaining - spin_ns) / 1e9)
     sleep_until(deadline_ns, spin_ns)
 
 
