@@ -92,6 +92,10 @@ def _overlay(base: dict, dotted: dict) -> dict:
     return out
 
 
+def _is_bool(tp) -> bool:
+    return tp is bool or bool in typing.get_args(tp)
+
+
 def _check_type(where: str, tp, value, base_dir: Path | None):
     """The value converted to the field's type (str -> Path), or ValueError naming the field."""
     if value is None:
@@ -104,7 +108,9 @@ def _check_type(where: str, tp, value, base_dir: Path | None):
         raise ValueError(f"{where}: expected a list, got {value!r}")
     out = []
     for v in items:
-        if inner is float and type(v) in (int, float):
+        if isinstance(v, bool) and _is_bool(tp):
+            pass
+        elif inner is float and type(v) in (int, float):
             v = float(v)
         elif inner is Path and isinstance(v, (str, Path)):
             relative_to_launch = base_dir is not None and isinstance(v, str) and not Path(v).is_absolute()
