@@ -15,7 +15,7 @@ from edgeinfer.control.buffer import ChunkBuffer
 from edgeinfer.control.safety import SafetyLimits
 
 from edgeinfer import transport
-from edgeinfer.clock import Ticker, now_ns, pin_to_cpus, try_realtime
+from edgeinfer.clock import Ticker, enter_realtime, now_ns
 from edgeinfer.lifecycle import ParentWatch
 from edgeinfer.wire import ActionChunk, JointCommand, Observation, Start, Stop
 
@@ -60,7 +60,7 @@ class ControlLoop:
     def open(self) -> "ControlLoop":
         self.parent = ParentWatch()
         # real-time priority before the context exists, so that its I/O thread inherits it too
-        self.rt_warning = pin_to_cpus(self.cfg.control_cpus) or try_realtime(self.cfg.realtime_priority)
+        self.rt_warning = enter_realtime(self.cfg.control_cpus, self.cfg.realtime_priority)
         self.ctx = zmq.Context()
         self.obs = transport.Receiver(transport.sub(self.ctx, self.endpoints.obs))
         self.chunks = transport.Receiver(transport.sub(self.ctx, self.endpoints.chunks))

@@ -92,3 +92,10 @@ def pin_to_cpus(cpus: list[int] | None) -> str | None:
     except (AttributeError, OSError, ValueError) as e:
         return f"cannot pin to CPUs {cpus} ({e}); running unpinned"
     return None
+
+
+def enter_realtime(cpus: list[int] | None, priority: int) -> str | None:
+    """Pin to `cpus`, then ask for SCHED_FIFO at `priority`; each is tried whatever the other gives.
+    Returns None when both worked (or were not asked for), else the warnings joined."""
+    warnings = [w for w in (pin_to_cpus(cpus), try_realtime(priority)) if w]
+    return "; ".join(warnings) or None

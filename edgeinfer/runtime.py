@@ -9,6 +9,7 @@ Fallback ladder when the budget cannot hold the full plan, best first (every chu
 """
 from __future__ import annotations
 
+import dataclasses
 import signal
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -70,7 +71,7 @@ class PolicyRuntime:
         self.policy.model.setup_cache(1)
         self.drafter = make_drafter(cfg.drafter, self.policy.tokenizer)
         k_max = cfg.scheduler.k_max if cfg.decode == "speculative" else 0
-        self.planner = TickPlanner(SchedulerConfig(**{**cfg.scheduler.__dict__, "k_max": k_max}))
+        self.planner = TickPlanner(dataclasses.replace(cfg.scheduler, k_max=k_max))
         self.n_chunks = 0
 
     def warmup(self, obs: Observation) -> None:
@@ -86,8 +87,9 @@ class PolicyRuntime:
         """Decode a chunk for `obs`; the budget runs from t_start_ns (default now). step_ns: chunk step."""
         p, d = self.policy, self.policy.cfg.n_joints
         self.planner.start(t_start_ns) if budget else self.planner.unlimited()
-        self.drafter.reset(obs.q_rad, obs.qd_rad_s, obs.q_prev_rad)
         drafter = self.drafter if self.cfg.decode == "speculative" else None
+        if drafter is not None:
+            drafter.reset(obs.q_rad, obs.qd_rad_s, obs.q_prev_rad)
         res = speculative_decode(p.model, p.obs_tensor(obs.q_rad, obs.qd_rad_s, obs.q_prev_rad),
                                  p.cfg.n_tokens, drafter, self.planner)
         tokens = res.tokens

@@ -71,9 +71,6 @@ class ReplayConfig:
             raise ValueError(f"ReplayConfig.replayer_priority must be in 0..99, got {self.replayer_priority}")
 
 
-_ORIGINAL_CPUS = os.sched_getaffinity(0)
-
-
 @dataclass
 class Recording:
     """What the replayer saw, all on its own clock (ns). Index i is a log row (one observation)."""
@@ -144,7 +141,8 @@ def replay(cfg: ReplayConfig, console: Console | None = None) -> dict:
     procs = [_spawn("serve", cfg.runtime, ep, cfg.out / "runtime.log"),
              _spawn("control", cfg.control, ep, cfg.out / "control.log")]
     # before the context: its I/O thread inherits both
-    rt_warning = clock.pin_to_cpus(cfg.control.control_cpus) or clock.try_realtime(cfg.replayer_priority)
+    original_cpus = sorted(os.sched_getaffinity(0))
+    rt_warning = clock.enter_realtime(cfg.control.control_cpus, cfg.replayer_priority)
     ctx = zmq.Context()
     try:
         obs_pub = transport.pub(ctx, ep.obs, bind=True)
@@ -168,7 +166,7 @@ def replay(cfg: ReplayConfig, console: Console | None = None) -> dict:
                 p.kill()
         ctx.destroy(linger=0)
         clock.leave_realtime()
-        clock.pin_to_cpus(sorted(_ORIGINAL_CPUS))
+        clock.pin_to_cpus(original_cpus)
         for s, handler in previous.items():
             signal.signal(s, handler)
     report, per_tick = summarize(rec, log, cfg, deadline_ms, stride)
