@@ -16,11 +16,11 @@ from pathlib import Path
 from typing import Literal
 
 import numpy as np
-import torch
 import zmq
 
 from edgeinfer import transport
 from edgeinfer.clock import now_ns, pin_to_cpus
+from edgeinfer.engines.build import load_engine
 from edgeinfer.engines.drafters import DRAFTERS, make_drafter
 from edgeinfer.engines.policy import DEFAULT_POLICY, load_policy
 from edgeinfer.lifecycle import ParentWatch
@@ -33,11 +33,15 @@ DECODES = ("speculative", "target-only")
 
 @dataclass
 class RuntimeConfig:
-    """policy: manifest JSON. decode: speculative | target-only. threads: torch intra-op threads.
+    """policy: manifest JSON. backend/precision/device: the engine the target runs on (see edgeinfer.engines.engine).
+    decode: speculative | target-only. threads: intra-op threads of the engine.
     replan_every_ticks: start a new chunk at most every this many observations (5 = one chunk step,
     20 ms at 250 Hz); the chunk horizon covers the gap, and the idle time is left to the control loop."""
 
     policy: Path = DEFAULT_POLICY
+    backend: Literal["torch", "onnxruntime", "tensorrt"] = "torch"
+    precision: Literal["fp32", "bf16", "fp8"] = "fp32"
+    device: str = "cpu"
     decode: Literal["speculative", "target-only"] = "speculative"
     drafter: str = "kinematic"
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
@@ -65,17 +69,16 @@ class PolicyRuntime:
     """In-process API: build one ActionChunk per observation within the scheduler's budget."""
 
     def __init__(self, cfg: RuntimeConfig):
-        torch.set_num_threads(cfg.threads)
         self.cfg = cfg
         self.policy = load_policy(cfg.policy)
-        self.policy.model.setup_cache(1)
+        self.engine = load_engine(self.policy, cfg.backend, cfg.precision, cfg.device, threads=cfg.threads)
         self.drafter = make_drafter(cfg.drafter, self.policy.tokenizer)
         k_max = cfg.scheduler.k_max if cfg.decode == "speculative" else 0
         self.planner = TickPlanner(dataclasses.replace(cfg.scheduler, k_max=k_max))
         self.n_chunks = 0
 
     def warmup(self, obs: Observation) -> None:
-        """Run unbudgeted decodes so that the cost estimates (and torch's caches) are populated."""
+        """Run unbudgeted decodes so that the cost estimates (and the engine's caches) are populated."""
         for i in range(self.cfg.warmup_chunks):
             if i == self.cfg.warmup_chunks // 3:
                 self.planner.latency.clear()  # drop the one-off costs of the first calls
@@ -90,7 +93,7 @@ class PolicyRuntime:
         drafter = self.drafter if self.cfg.decode == "speculative" else None
         if drafter is not None:
             drafter.reset(obs.q_rad, obs.qd_rad_s, obs.q_prev_rad)
-        res = speculative_decode(p.model, p.obs_tensor(obs.q_rad, obs.qd_rad_s, obs.q_prev_rad),
+        res = speculative_decode(self.engine, p.features(obs.q_rad, obs.qd_rad_s, obs.q_prev_rad),
                                  p.cfg.n_tokens, drafter, self.planner)
         tokens = res.tokens
         if res.complete:
@@ -112,7 +115,7 @@ class PolicyRuntime:
 def serve(cfg: RuntimeConfig, endpoints: transport.Endpoints, handshake_timeout_s: float = 300.0) -> int:
     """Run the runtime node until a Stop message (or SIGTERM). Returns the number of chunks sent."""
     parent = ParentWatch()
-    warning = pin_to_cpus(cfg.runtime_cpus)  # before torch starts its threads
+    warning = pin_to_cpus(cfg.runtime_cpus)  # before the engine starts its threads
     if warning:
         print(f"runtime: {warning}", flush=True)
     runtime = PolicyRuntime(cfg)

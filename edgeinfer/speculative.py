@@ -12,6 +12,7 @@ token is therefore the target's own greedy token, so the output is token-for-tok
 target-only greedy decoding, whatever the drafter proposes. Rejected drafts need no cache copy: their KV
 entries sit at positions past the committed prefix and are overwritten by the next pass (see model.py).
 
+The target is an Engine (edgeinfer.engines.engine): any backend, one interface.
 A `Planner` (edgeinfer.scheduler) decides before each pass how many drafts to verify, or that the tick's
 budget cannot hold another pass; decoding then stops with a verified prefix.
 """
@@ -21,10 +22,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Protocol
 
-import torch
+import numpy as np
 
 from edgeinfer.engines.drafters import Drafter
-from edgeinfer.engines.model import ActionTransformer
+from edgeinfer.engines.engine import Engine
 
 
 class Planner(Protocol):
@@ -49,38 +50,32 @@ class DecodeResult:
         return self.accepted / self.drafted if self.drafted else None
 
 
-@torch.inference_mode()
-def prefill(model: ActionTransformer, obs: torch.Tensor) -> int:
+def prefill(engine: Engine, obs: np.ndarray) -> int:
     """Write position 0 (the observation) into the cache; return the greedy action token 0."""
-    logits = model(obs, torch.empty(1, 0, dtype=torch.long), torch.tensor([0]))
-    return int(logits[0, -1].argmax())
+    return int(engine.forward(obs, (), 0)[-1].argmax())
 
 
-@torch.inference_mode()
-def verify(model: ActionTransformer, last: int, drafts: list[int], n_committed: int) -> list[int]:
+def verify(engine: Engine, last: int, drafts: list[int], n_committed: int) -> list[int]:
     """Feed [last committed token] + drafts at positions n_committed..n_committed+k.
 
     Returns the target's greedy token after each fed position (k+1 ints): entry i is the target's choice
     for action token n_committed + i, given the committed prefix and drafts[:i].
     """
-    fed = torch.tensor([[last, *drafts]])
-    pos = torch.arange(n_committed, n_committed + 1 + len(drafts))
-    return model(None, fed, pos)[0].argmax(-1).tolist()
+    return engine.forward(None, (last, *drafts), n_committed).argmax(-1).tolist()
 
 
-def speculative_decode(model: ActionTransformer, obs: torch.Tensor, n_tokens: int,
+def speculative_decode(engine: Engine, obs: np.ndarray, n_tokens: int,
                        drafter: Drafter | None, planner: Planner) -> DecodeResult:
     """Greedy decoding of up to n_tokens action tokens for one observation (batch 1).
 
-    obs: (1, obs_dim) float32. drafter None (or plans of k=0) gives target-only decoding.
-    The model's cache must be set up (model.setup_cache(1)). Returns the verified tokens; `complete`
-    is False when the planner stopped early for lack of budget.
+    obs: (obs_dim,) float32 normalised features. drafter None (or plans of k=0) gives target-only decoding.
+    Returns the verified tokens; `complete` is False when the planner stopped early for lack of budget.
     """
     res = DecodeResult()
     if planner.plan(0, n_tokens) is None:
         return res
     t0 = time.perf_counter_ns()
-    res.tokens.append(prefill(model, obs))
+    res.tokens.append(prefill(engine, obs))
     res.target_passes += 1
     planner.record("prefill", 0, time.perf_counter_ns() - t0)
     while len(res.tokens) < n_tokens:
@@ -92,12 +87,13 @@ def speculative_decode(model: ActionTransformer, obs: torch.Tensor, n_tokens: in
         t0 = time.perf_counter_ns()
         drafts = drafter.propose(res.tokens, k) if k > 0 else []
         t1 = time.perf_counter_ns()
-        choices = verify(model, res.tokens[-1], drafts, n)
+        choices = verify(engine, res.tokens[-1], drafts, n)
         planner.record("draft", k, t1 - t0)
         planner.record("verify", k, time.perf_counter_ns() - t1)
         accepted = 0
         while accepted < k and drafts[accepted] == choices[accepted]:
             accepted += 1
+        engine.rollback(n + 1 + accepted)  # positions past the committed prefix held rejected drafts
         res.tokens.extend(drafts[:accepted])
         res.tokens.append(choices[accepted])  # the target's correction, or its bonus token
         res.target_passes += 1

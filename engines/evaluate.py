@@ -13,22 +13,19 @@ def greedy_decode_batch(model: ActionTransformer, obs: torch.Tensor) -> np.ndarr
     One pass per token over the whole batch; used as the reference for speculative decoding's exactness.
     """
     b, n = obs.shape[0], model.cfg.n_tokens
-    model.setup_cache(b)
-    try:
-        tok = model(obs, torch.empty(b, 0, dtype=torch.long), torch.tensor([0]))[:, -1].argmax(-1)
-        out = [tok]
-        for p in range(1, n):
-            tok = model(None, tok[:, None], torch.tensor([p]))[:, -1].argmax(-1)
-            out.append(tok)
-    finally:
-        model.drop_cache()
+    k_cache, v_cache = model.empty_cache(b)
+    tok = torch.zeros(b, dtype=torch.long)
+    out = []
+    for p in range(n):
+        tok = model.step(obs, tok[:, None], torch.tensor([p]), k_cache, v_cache)[:, -1].argmax(-1)
+        out.append(tok)
     return torch.stack(out, 1).numpy()
 
 
 def evaluate_policy(policy, feats: np.ndarray, offsets: np.ndarray, batch: int = 4096) -> dict:
     """Held-out metrics: greedy action RMSE (rad) against the recorded future, token accuracy, and the
     RMSE of two model-free baselines (hold position; constant velocity from the last chunk step)."""
-    x = torch.as_tensor((feats - policy.feat_mean) / policy.feat_std, dtype=torch.float32)
+    x = torch.as_tensor(policy.normalise(feats))
     tokens = np.concatenate([greedy_decode_batch(policy.model, x[i:i + batch]) for i in range(0, len(x), batch)])
     pred = policy.tokenizer.decode(tokens)
     d = offsets.shape[2]

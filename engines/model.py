@@ -50,20 +50,6 @@ class PolicyConfig:
         return asdict(self)
 
 
-class KVCache(nn.Module):
-    """Static cache (B, heads, seq_len, head_dim) for one layer, overwritten by position."""
-
-    def __init__(self, batch: int, n_heads: int, seq_len: int, head_dim: int):
-        super().__init__()
-        self.register_buffer("k", torch.zeros(batch, n_heads, seq_len, head_dim), persistent=False)
-        self.register_buffer("v", torch.zeros(batch, n_heads, seq_len, head_dim), persistent=False)
-
-    def update(self, input_pos: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
-        self.k[:, :, input_pos] = k
-        self.v[:, :, input_pos] = v
-        return self.k, self.v
-
-
 class Block(nn.Module):
     def __init__(self, cfg: PolicyConfig):
         super().__init__()
@@ -74,30 +60,38 @@ class Block(nn.Module):
         self.ln2 = nn.LayerNorm(cfg.d_model)
         d = cfg.d_model
         self.mlp = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d))
-        self.cache: KVCache | None = None
 
-    def forward(self, x: torch.Tensor, input_pos: torch.Tensor | None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, input_pos: torch.Tensor | None = None, k_cache: torch.Tensor | None = None,
+                v_cache: torch.Tensor | None = None, inplace: bool = True):
+        """Without a cache: full causal attention (training), returns x. With one: the new keys and values are
+        written at `input_pos` (in place, or into copies when inplace=False, as an exported graph needs) and each
+        query attends to cache positions <= its own; returns (x, k_cache, v_cache)."""
         b, t, c = x.shape
         q, k, v = self.qkv(self.ln1(x)).split(c, dim=-1)
         q, k, v = (z.view(b, t, self.n_heads, c // self.n_heads).transpose(1, 2) for z in (q, k, v))
-        if self.cache is None:  # training: full causal sequence
+        if k_cache is None:
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        else:  # decoding: attend to every cached position <= the query's own position
-            k, v = self.cache.update(input_pos, k, v)
-            positions = torch.arange(k.shape[2])
-            mask = positions[None, :] <= input_pos[:, None]  # (t, seq_len)
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        else:
+            if inplace:
+                k_cache.index_copy_(2, input_pos, k)
+                v_cache.index_copy_(2, input_pos, v)
+            else:
+                k_cache, v_cache = k_cache.index_copy(2, input_pos, k), v_cache.index_copy(2, input_pos, v)
+            mask = torch.arange(k_cache.shape[2], device=x.device)[None, :] <= input_pos[:, None]  # (t, seq_len)
+            y = F.scaled_dot_product_attention(q, k_cache, v_cache, attn_mask=mask)
         x = x + self.proj(y.transpose(1, 2).reshape(b, t, c))
-        return x + self.mlp(self.ln2(x))
+        x = x + self.mlp(self.ln2(x))
+        return x if k_cache is None else (x, k_cache, v_cache)
 
 
 class ActionTransformer(nn.Module):
     """Decoder-only transformer over [obs, action tokens].
 
-    forward(obs, tokens, input_pos) -> logits (B, T, n_bins) float32.
-      obs: (B, obs_dim) float32 normalised features, or None when position 0 is not in `input_pos`.
-      tokens: (B, T') int64 action tokens for the non-zero positions in `input_pos` (may be empty).
-      input_pos: (T,) int64 sequence positions, ascending, contiguous. None means 0..T-1 (training).
+    forward(obs, tokens) -> logits (B, 1 + T, n_bins): cache-free causal pass over the whole sequence (training).
+    step(obs, tokens, input_pos, k_cache, v_cache) -> logits (B, T, n_bins): cached pass over positions
+      `input_pos` (T,) int64, ascending and contiguous. tokens (B, T) int64 holds the action token at each
+      position; at position 0 the observation obs (B, obs_dim) is embedded instead (its token is ignored).
+      k_cache, v_cache: (n_layers, B, n_heads, seq_len, head_dim) from `empty_cache`, written by position.
     """
 
     def __init__(self, cfg: PolicyConfig):
@@ -110,26 +104,29 @@ class ActionTransformer(nn.Module):
         self.ln_f = nn.LayerNorm(cfg.d_model)
         self.head = nn.Linear(cfg.d_model, cfg.n_bins)
 
-    def setup_cache(self, batch: int = 1) -> None:
-        """Allocate a static KV cache for `batch` sequences of seq_len (enables cached decoding)."""
-        hd = self.cfg.d_model // self.cfg.n_heads
-        for blk in self.blocks:
-            blk.cache = KVCache(batch, self.cfg.n_heads, self.cfg.seq_len, hd)
+    def empty_cache(self, batch: int = 1, dtype=torch.float32, device=None) -> tuple[torch.Tensor, torch.Tensor]:
+        """A static KV cache (k, v), each (n_layers, batch, n_heads, seq_len, head_dim), zeros."""
+        c = self.cfg
+        shape = (c.n_layers, batch, c.n_heads, c.seq_len, c.d_model // c.n_heads)
+        return torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device)
 
-    def drop_cache(self) -> None:
+    def forward(self, obs: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        x = torch.cat([self.obs_proj(obs)[:, None, :], self.tok_emb(tokens)], dim=1)
+        x = x + self.pos_emb(torch.arange(x.shape[1], device=x.device))
         for blk in self.blocks:
-            blk.cache = None
-
-    def forward(self, obs: torch.Tensor | None, tokens: torch.Tensor,
-                input_pos: torch.Tensor | None = None) -> torch.Tensor:
-        parts = []
-        if obs is not None:
-            parts.append(self.obs_proj(obs)[:, None, :])
-        if tokens.shape[1]:
-            parts.append(self.tok_emb(tokens))
-        x = torch.cat(parts, dim=1)
-        pos = input_pos if input_pos is not None else torch.arange(x.shape[1])
-        x = x + self.pos_emb(pos)
-        for blk in self.blocks:
-            x = blk(x, input_pos)
+            x = blk(x)
         return self.head(self.ln_f(x))
+
+    def step(self, obs: torch.Tensor, tokens: torch.Tensor, input_pos: torch.Tensor, k_cache: torch.Tensor,
+             v_cache: torch.Tensor, inplace: bool = True):
+        """Cached pass (see the class docstring). inplace=False returns (logits, k_cache, v_cache) with updated
+        copies instead of writing the caches: the form exported to ONNX with explicit KV-cache inputs/outputs."""
+        x = torch.where((input_pos == 0)[None, :, None], self.obs_proj(obs)[:, None, :], self.tok_emb(tokens))
+        x = x + self.pos_emb(input_pos)
+        ks, vs = [], []
+        for i, blk in enumerate(self.blocks):
+            x, k, v = blk(x, input_pos, k_cache[i], v_cache[i], inplace)
+            ks.append(k)
+            vs.append(v)
+        logits = self.head(self.ln_f(x))
+        return logits if inplace else (logits, torch.stack(ks), torch.stack(vs))

@@ -40,10 +40,13 @@ class Policy:
     def cfg(self) -> PolicyConfig:
         return self.model.cfg
 
-    def obs_tensor(self, q_rad, qd_rad_s, q_prev_rad) -> torch.Tensor:
-        """Normalised observation (B, obs_dim) float32 from (D,) or (B, D) arrays."""
-        f = (observation_features(q_rad, qd_rad_s, q_prev_rad) - self.feat_mean) / self.feat_std
-        return torch.as_tensor(np.atleast_2d(f), dtype=torch.float32)
+    def normalise(self, feats: np.ndarray) -> np.ndarray:
+        """Model input (..., obs_dim) float32 from raw features (..., obs_dim) (see observation_features)."""
+        return ((feats - self.feat_mean) / self.feat_std).astype(np.float32)
+
+    def features(self, q_rad, qd_rad_s, q_prev_rad) -> np.ndarray:
+        """Normalised observation (obs_dim,) float32 from (D,) arrays (rad, rad/s, rad)."""
+        return self.normalise(observation_features(q_rad, qd_rad_s, q_prev_rad))
 
     def save(self, manifest_path: Path, extra: dict) -> None:
         """Write `<stem>.pt` (state dict) and the manifest JSON with its sha256."""

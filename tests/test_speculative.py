@@ -3,13 +3,24 @@ import numpy as np
 import torch
 from edgeinfer.engines.drafters import KinematicDrafter
 from edgeinfer.engines.evaluate import greedy_decode_batch
+from edgeinfer.engines.torch_engine import TorchEngine
 
 from edgeinfer.scheduler import SchedulerConfig, TickPlanner
 from edgeinfer.speculative import speculative_decode
 
 
 def _obs(policy, f):
-    return torch.as_tensor((f - policy.feat_mean) / policy.feat_std, dtype=torch.float32)
+    return torch.as_tensor(policy.normalise(f))
+
+
+_ENGINES = {}
+
+
+def _engine(policy):
+    """One torch CPU engine per policy, reused across observations as the runtime does."""
+    if id(policy) not in _ENGINES:
+        _ENGINES[id(policy)] = TorchEngine(policy.model)
+    return _ENGINES[id(policy)]
 
 
 def _decode(policy, feats_row, drafter, k_max, planner=None):
@@ -19,7 +30,7 @@ def _decode(policy, feats_row, drafter, k_max, planner=None):
     if planner is None:
         planner = TickPlanner(SchedulerConfig(k_max=k_max))
         planner.unlimited()
-    return speculative_decode(policy.model, _obs(policy, feats_row)[None], policy.cfg.n_tokens, drafter, planner)
+    return speculative_decode(_engine(policy), policy.normalise(feats_row), policy.cfg.n_tokens, drafter, planner)
 
 
 def test_speculative_equals_target_only_on_1000_real_observations(policy, held_out):
@@ -27,7 +38,6 @@ def test_speculative_equals_target_only_on_1000_real_observations(policy, held_o
     idx = np.random.default_rng(0).choice(len(feats), 1000, replace=False)
     reference = greedy_decode_batch(policy.model, _obs(policy, feats[idx]))
     drafter = KinematicDrafter(policy.tokenizer)
-    policy.model.setup_cache(1)
     tokens = passes = accepted = drafted = 0
     for row, i in enumerate(idx):
         k = (1, 2, 4, 6, 8, 16)[row % 6]
@@ -45,11 +55,10 @@ def test_batch1_target_only_matches_batched_reference(policy, held_out):
     feats, _ = held_out
     idx = np.arange(0, len(feats), len(feats) // 100)[:100]
     reference = greedy_decode_batch(policy.model, _obs(policy, feats[idx]))
-    policy.model.setup_cache(1)
     for row, i in enumerate(idx):
         planner = TickPlanner(SchedulerConfig(k_max=0))
         planner.unlimited()
-        res = speculative_decode(policy.model, _obs(policy, feats[i])[None], policy.cfg.n_tokens, None, planner)
+        res = speculative_decode(_engine(policy), policy.normalise(feats[i]), policy.cfg.n_tokens, None, planner)
         assert res.target_passes == policy.cfg.n_tokens and res.drafted == 0
         assert res.tokens == reference[row].tolist()
 
@@ -74,7 +83,6 @@ def test_budget_cut_returns_a_verified_prefix(policy, held_out):
     feats, _ = held_out
     reference = greedy_decode_batch(policy.model, _obs(policy, feats[:50]))
     drafter = KinematicDrafter(policy.tokenizer)
-    policy.model.setup_cache(1)
     for row in range(50):
         res = _decode(policy, feats[row], drafter, 4, planner=_Passes(3 + row % 5, 4))
         assert res.target_passes == 3 + row % 5
