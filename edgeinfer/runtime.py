@@ -50,6 +50,8 @@ class RuntimeConfig:
     replan_every_ticks: int = 5
     idle_timeout_s: float = 5.0  # after the start, exit when no message arrives for this long
     runtime_cpus: list[int] | None = None  # CPUs the runtime may use (None: any)
+    byo_spec: Path | None = None  # bring your own policy: a spec TOML (engines/byo.py) served instead of `policy`
+    byo_model: Path | None = None  # the spec's model file replaced by this one (e.g. its TorchScript twin)
 
     def __post_init__(self):
         self.policy = Path(self.policy)
@@ -76,6 +78,15 @@ class PolicyRuntime:
         k_max = cfg.scheduler.k_max if cfg.decode == "speculative" else 0
         self.planner = TickPlanner(dataclasses.replace(cfg.scheduler, k_max=k_max))
         self.n_chunks = 0
+
+    def chunk_timing(self, period_ns: int) -> tuple[int, int]:
+        """(control ticks between chunk starts, chunk step in ns) for a control period of period_ns."""
+        return self.cfg.replan_every_ticks, period_ns * self.policy.cfg.stride_ticks
+
+    def warmup_observation(self) -> Observation:
+        """An observation at the training data's mean, for warm-up before the start."""
+        d, mean = self.policy.cfg.n_joints, self.policy.feat_mean
+        return Observation(0, now_ns(), mean[:d], mean[d:2 * d], mean[:d] - mean[2 * d:3 * d])
 
     def warmup(self, obs: Observation) -> None:
         """Run unbudgeted decodes so that the cost estimates (and the engine's caches) are populated."""
@@ -118,7 +129,15 @@ def serve(cfg: RuntimeConfig, endpoints: transport.Endpoints, handshake_timeout_
     warning = pin_to_cpus(cfg.runtime_cpus)  # before the engine starts its threads
     if warning:
         print(f"runtime: {warning}", flush=True)
-    runtime = PolicyRuntime(cfg)
+    if cfg.byo_spec is not None:
+        import torch
+
+        from edgeinfer.engines.byo import ByoRuntime
+
+        torch.set_num_threads(cfg.threads)
+        runtime = ByoRuntime(cfg.byo_spec, cfg.byo_model)
+    else:
+        runtime = PolicyRuntime(cfg)
     stop = {"flag": False}
     signal.signal(signal.SIGTERM, lambda *_: stop.update(flag=True))
     ctx = zmq.Context()
@@ -127,8 +146,9 @@ def serve(cfg: RuntimeConfig, endpoints: transport.Endpoints, handshake_timeout_
         chunk_pub = transport.pub(ctx, endpoints.chunks, bind=True)
         ready = transport.push(ctx, endpoints.ready)
         start = _handshake(runtime, obs_rx, chunk_pub, ready, handshake_timeout_s, parent)
-        print(f"runtime: started ({cfg.decode}, budget {cfg.scheduler.budget_ms} ms)", flush=True)
-        step_ns = start.period_ns * runtime.policy.cfg.stride_ticks
+        replan_every, step_ns = runtime.chunk_timing(start.period_ns)
+        what = f"bring-your-own {cfg.byo_spec}" if cfg.byo_spec else f"{cfg.decode} on {cfg.backend} {cfg.precision}"
+        print(f"runtime: started ({what}, budget {cfg.scheduler.budget_ms} ms)", flush=True)
         next_seq, last_msg_ns = 0, now_ns()
         budget_ns = int(cfg.scheduler.budget_ms * 1e6)
         while not stop["flag"]:
@@ -142,7 +162,7 @@ def serve(cfg: RuntimeConfig, endpoints: transport.Endpoints, handshake_timeout_
             if isinstance(msg, Stop):
                 break
             if isinstance(msg, Observation) and msg.seq >= next_seq:
-                next_seq = msg.seq + cfg.replan_every_ticks
+                next_seq = msg.seq + replan_every
                 # The budget runs from when the observation was taken (same-host monotonic clock), so time
                 # spent in transport counts; a timestamp from another clock falls back to receipt time.
                 age_ns = last_msg_ns - msg.t_ns
@@ -157,9 +177,7 @@ def serve(cfg: RuntimeConfig, endpoints: transport.Endpoints, handshake_timeout_
 
 def _handshake(runtime, obs_rx, chunk_pub, ready, timeout_s: float, parent: ParentWatch) -> Start:
     """Warm up, then publish Hellos on the chunk PUB (for its subscribers) until Start arrives."""
-    d = runtime.policy.cfg.n_joints
-    mean = runtime.policy.feat_mean
-    runtime.warmup(Observation(0, now_ns(), mean[:d], mean[d:2 * d], mean[:d] - mean[2 * d:3 * d]))
+    runtime.warmup(runtime.warmup_observation())
     announced, i = False, 0
     deadline = now_ns() + int(timeout_s * 1e9)
     while now_ns() < deadline:

@@ -3,6 +3,7 @@ rungs, speculative decoding statistics and action quality against the recorded f
 from __future__ import annotations
 
 from collections import Counter
+from pathlib import Path
 
 import numpy as np
 from edgeinfer.sim.stats import latency_summary_ms, wilson_interval
@@ -44,13 +45,16 @@ def summarize(rec, log, cfg, deadline_ms: float, stride: int) -> tuple[dict, dic
     passes = sum(c.target_passes for c in chunks)
     drafted = sum(c.drafted for c in chunks)
     chunk_latency = [t - t_sched[row_of_tick[c.obs_seq]] for t, c in rec.chunks if c.obs_seq in row_of_tick]
+    byo = cfg.runtime.byo_spec is not None
     return {
         "schema": "edgeinfer.replay/1",
         "log": log.name,
         "rate_hz": round(log.rate_hz, 3),
         "deadline_ms": deadline_ms,
-        "decode": cfg.runtime.decode,
-        "drafter": cfg.runtime.drafter if cfg.runtime.decode == "speculative" else None,
+        "decode": "bring-your-own" if byo else cfg.runtime.decode,
+        "engine": (f"{Path(cfg.runtime.byo_model or cfg.runtime.byo_spec).name} via {cfg.runtime.byo_spec.name}" if byo
+                   else f"{cfg.runtime.backend} {cfg.runtime.precision} {cfg.runtime.device}"),
+        "drafter": cfg.runtime.drafter if cfg.runtime.decode == "speculative" and not byo else None,
         "budget_ms": cfg.runtime.scheduler.budget_ms,
         "k_max": cfg.runtime.scheduler.k_max if cfg.runtime.decode == "speculative" else 0,
         "interrupted": rec.interrupted,

@@ -98,13 +98,26 @@ def load_log(path: Path | None) -> ArmLog:
     return read_schunk(path)
 
 
-def check_run_fits(log: ArmLog, manifest: dict, cfg: ReplayConfig, deadline_ms: float) -> None:
-    """Raise LogError when the policy cannot run on this log (joint count, control rate), ValueError when
-    the control settings cannot (limits for another joint count, a phase past the deadline)."""
-    policy = manifest["config"]
+def policy_shape(runtime: RuntimeConfig, log: ArmLog) -> dict:
+    """n_joints, stride_ticks (control ticks per chunk step) and control_rate_hz (None: any) of the policy the
+    runtime will serve: the action-token policy's manifest, or a bring-your-own spec (one step per period)."""
+    if runtime.byo_spec is not None:
+        from edgeinfer.engines.byo import ByoSpec
+
+        spec = ByoSpec.load(runtime.byo_spec, model=runtime.byo_model)
+        return {"n_joints": spec.n_joints, "stride_ticks": max(1, round(log.rate_hz / spec.rate_hz)),
+                "control_rate_hz": None}
+    manifest = json.loads(runtime.policy.read_text())
+    return {"n_joints": manifest["config"]["n_joints"], "stride_ticks": manifest["config"]["stride_ticks"],
+            "control_rate_hz": manifest.get("control_rate_hz")}
+
+
+def check_run_fits(log: ArmLog, policy: dict, cfg: ReplayConfig, deadline_ms: float) -> None:
+    """Raise LogError when the policy (see policy_shape) cannot run on this log (joint count, control rate),
+    ValueError when the control settings cannot (limits for another joint count, a phase past the deadline)."""
     if log.n_joints != policy["n_joints"]:
         raise LogError(f"{log.name}: log has {log.n_joints} joints, the policy expects {policy['n_joints']}")
-    rate = manifest.get("control_rate_hz")
+    rate = policy["control_rate_hz"]
     if rate is not None and abs(log.rate_hz - rate) > 0.01 * rate:
         raise LogError(f"{log.name}: log rate {log.rate_hz:.1f} Hz, the policy was trained at {rate:.1f} Hz "
                        f"(its chunk step is {policy['stride_ticks']} ticks)")
@@ -126,10 +139,10 @@ def replay(cfg: ReplayConfig, console: Console | None = None) -> dict:
     """
     console = console or Console()
     log = load_log(cfg.log)
-    manifest = json.loads(cfg.runtime.policy.read_text())
+    policy = policy_shape(cfg.runtime, log)
     deadline_ms = cfg.deadline_ms if cfg.deadline_ms is not None else log.period_ns / 1e6
-    check_run_fits(log, manifest, cfg, deadline_ms)
-    stride = manifest["config"]["stride_ticks"]
+    check_run_fits(log, policy, cfg, deadline_ms)
+    stride = policy["stride_ticks"]
     ticks = tick_grid(log)
     cfg.out.mkdir(parents=True, exist_ok=True)
     if cfg.pin_cpus:

@@ -103,6 +103,7 @@ def print_table(reports: list[dict], console: Console | None = None) -> Table:
     rows: list[tuple[str, Any]] = [
         ("log", lambda r: str(r.get("log") or _MISSING)),
         ("decode", lambda r: str(r.get("decode") or _MISSING)),
+        ("engine", lambda r: str(r.get("engine") or _MISSING)),
         ("rate_hz", lambda r: _num(r.get("rate_hz"), "{:.1f}")),
         ("deadline_ms", lambda r: _num(r.get("deadline_ms"), "{:.2f}")),
         ("observations_sent", lambda r: _num(r.get("observations_sent"))),

@@ -7,9 +7,8 @@ import time
 import pytest
 from edgeinfer.control.loop import ControlConfig
 from edgeinfer.control.safety import SafetyLimits
-from edgeinfer.engines.policy import DEFAULT_POLICY
 from edgeinfer.sim.logs import synthetic_log
-from edgeinfer.sim.replay import ReplayConfig, check_run_fits
+from edgeinfer.sim.replay import ReplayConfig, check_run_fits, policy_shape
 
 from edgeinfer.transport import Endpoints
 
@@ -41,10 +40,8 @@ def test_orphaned_control_node_exits_when_its_parent_dies():
 
 
 def test_runs_that_cannot_work_are_refused_up_front():
-    import json
-
-    manifest = json.loads(DEFAULT_POLICY.read_text())
     log = synthetic_log(seconds=0.5)
+    manifest = policy_shape(ReplayConfig().runtime, log)
     with pytest.raises(ValueError, match="phase_ms=4.0 is not before the 4.0 ms deadline"):
         check_run_fits(log, manifest, ReplayConfig(control=ControlConfig(phase_ms=4.0)), 4.0)
     short = SafetyLimits(q_min_rad=[-1.0] * 3, q_max_rad=[1.0] * 3)
