@@ -10,12 +10,11 @@ from __future__ import annotations
 import argparse
 import copy
 import dataclasses
+import tomllib
 import types
 import typing
 from pathlib import Path
 from typing import Any
-
-import tomllib
 
 LAUNCH_SECTIONS = ("replay", "serve", "control", "train")  # one table per edgeinfer command
 
