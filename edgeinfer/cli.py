@@ -1,4 +1,5 @@
-"""`edgeinfer` command line: replay (the main job), serve (runtime node), control (control loop node), train."""
+"""`edgeinfer` command line: replay (the main job), serve (runtime node), control (control loop node), train,
+build (an engine, quality-gated)."""
 from __future__ import annotations
 
 import argparse
@@ -7,6 +8,7 @@ from pathlib import Path
 
 from edgeinfer.config_cli import add_options, build, load_launch
 from edgeinfer.control.loop import ControlConfig
+from edgeinfer.engines.build import BuildConfig
 from edgeinfer.engines.train import TrainConfig
 from edgeinfer.runtime import RuntimeConfig
 from edgeinfer.sim.replay import ReplayConfig
@@ -25,6 +27,8 @@ def main(argv: list[str] | None = None) -> int:
     add_options(p, ControlConfig, Endpoints)
     p = sub.add_parser("train", help="train the target policy on the Schunk recordings")
     add_options(p, TrainConfig)
+    p = sub.add_parser("build", help="build an engine (backend, precision, device), gated on held-out quality")
+    add_options(p, BuildConfig)
     args = parser.parse_args(argv)
     try:
         return _run(args, parser)
@@ -72,6 +76,10 @@ def _run(args, parser) -> int:
         print(f"wrote {cfg.out} and {cfg.out.with_suffix('.pt')}; held-out metrics: "
               f"{policy.manifest['metrics_held_out']}")
         return 0
+    if args.command == "build":
+        from edgeinfer.engines.build import build as build_engine
+
+        return 0 if build_engine(build(BuildConfig, args))["passed"] else 1
     parser.error(f"unknown command {args.command}")
     return 2
 

@@ -1,13 +1,27 @@
-"""Open an engine for a policy: pick the backend, build (or load from the engine cache) its plan."""
+"""Open an engine for a policy, and `edgeinfer build`: build (or load from the engine cache) the plan for a
+backend and precision, then gate it on quality against the fp32 target over held-out real runs."""
 from __future__ import annotations
 
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
 from edgeinfer.engines.engine import Engine, engine_class, unavailable_reason
-from edgeinfer.engines.policy import Policy
+from edgeinfer.engines.policy import DEFAULT_POLICY, Policy, load_policy
+from rich.console import Console
+from rich.progress import Progress, SpinnerColumn
+from rich.table import Table
+
+DEFAULT_DATA_DIR = Path(__file__).resolve().parents[2] / "shared" / "data" / "schunk_lwa4p"
 
 
 def load_engine(policy: Policy, backend: str = "torch", precision: str = "fp32", device: str = "cpu",
                 threads: int = 1) -> Engine:
-    """The target of `policy` as an Engine on `backend`/`precision`/`device`.
+    """The target of `policy` as an Engine on `backend`/`precision`/`device`, its plan built or taken from
+    the engine cache (engines/cache.py).
 
     Raises RuntimeError naming the backend when it cannot run here (library missing, no GPU), and
     ValueError for a precision the backend does not build.
@@ -16,3 +30,95 @@ def load_engine(policy: Policy, backend: str = "torch", precision: str = "fp32",
     if reason:
         raise RuntimeError(f"backend {backend!r} on {device}: {reason}")
     return engine_class(backend).from_policy(policy, precision=precision, device=device, threads=threads)
+
+
+@dataclass
+class BuildConfig:
+    """policy: manifest JSON. data_dir: real recordings whose held-out runs the quality gate decodes.
+    n_obs: held-out observations decoded. The gate fails the build when token agreement with the fp32
+    target falls below min_token_agreement, or the action RMSE exceeds the fp32 target's by more than
+    max_rmse_increase (relative: 0.1 = 10 %). json: also write the summary there."""
+
+    policy: Path = DEFAULT_POLICY
+    backend: Literal["torch", "onnxruntime", "tensorrt"] = "onnxruntime"
+    precision: Literal["fp32", "bf16", "fp8"] = "fp32"
+    device: str = "cpu"
+    data_dir: Path = DEFAULT_DATA_DIR
+    n_obs: int = 256
+    min_token_agreement: float = 0.80
+    max_rmse_increase: float = 0.10
+    seed: int = 0
+    json: Path | None = None
+
+    def __post_init__(self):
+        self.policy, self.data_dir = Path(self.policy), Path(self.data_dir)
+        if self.n_obs < 1:
+            raise ValueError(f"BuildConfig.n_obs must be >= 1, got {self.n_obs}")
+        if not 0 <= self.min_token_agreement <= 1:
+            raise ValueError(f"BuildConfig.min_token_agreement must be in [0, 1], got {self.min_token_agreement}")
+        if self.max_rmse_increase < 0:
+            raise ValueError(f"BuildConfig.max_rmse_increase must be >= 0, got {self.max_rmse_increase}")
+
+
+def held_out_windows(policy: Policy, data_dir: Path, n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """n random (features (n, obs_dim), offsets (n, H, D) rad) windows of the held-out runs under data_dir.
+    Raises FileNotFoundError naming the folder when the recordings are not there."""
+    from edgeinfer.engines.train import load_split
+
+    feats, offsets, _ = load_split(data_dir, policy.cfg.horizon, policy.cfg.stride_ticks)["held_out"]
+    idx = np.sort(np.random.default_rng(seed).choice(len(feats), min(n, len(feats)), replace=False))
+    return feats[idx], offsets[idx]
+
+
+def build(cfg: BuildConfig, console: Console | None = None) -> dict:
+    """Build or load the engine, measure its quality, print the summary; returns it (passed: the gate)."""
+    from edgeinfer.engines.quality import engine_quality
+
+    console = console or Console()
+    policy = load_policy(cfg.policy)
+    feats, offsets = held_out_windows(policy, cfg.data_dir, cfg.n_obs, cfg.seed)
+    with Progress(SpinnerColumn(), *Progress.get_default_columns(), console=console, transient=True) as bar:
+        task = bar.add_task(f"build {cfg.backend} {cfg.precision} engine on {cfg.device}", total=None)
+        t0 = time.perf_counter()
+        engine = load_engine(policy, cfg.backend, cfg.precision, cfg.device)
+        open_s = time.perf_counter() - t0
+        bar.update(task, total=1, completed=1)
+        task = bar.add_task(f"quality gate: {len(feats)} held-out observations", total=len(feats))
+        quality = engine_quality(engine, policy, feats, offsets, lambda: bar.advance(task))
+    plan = getattr(engine, "plan", None) or {}
+    rmse_limit = quality["ref_action_rmse_rad"] * (1 + cfg.max_rmse_increase)
+    summary = {
+        "schema": "edgeinfer.build/1",
+        "policy": str(cfg.policy), "model_sha256": policy.manifest["sha256"],
+        "backend": cfg.backend, "precision": cfg.precision, "device": cfg.device,
+        "plan": plan, "open_s": round(open_s, 3),
+        "quality": quality,
+        "gate": {"min_token_agreement": cfg.min_token_agreement, "max_action_rmse_rad": rmse_limit},
+        "passed": quality["token_agreement"] >= cfg.min_token_agreement and quality["action_rmse_rad"] <= rmse_limit,
+    }
+    _print_summary(summary, console)
+    if cfg.json:
+        cfg.json.parent.mkdir(parents=True, exist_ok=True)
+        cfg.json.write_text(json.dumps(summary, indent=2) + "\n")
+    return summary
+
+
+def _print_summary(s: dict, console: Console) -> None:
+    q, plan, gate = s["quality"], s["plan"], s["gate"]
+    table = Table(title=f"edgeinfer build: {s['backend']} {s['precision']} on {s['device']}", show_header=False)
+    table.add_column(style="bold")
+    table.add_column(justify="right")
+    if plan:
+        table.add_row("plan", str(plan.get("path", "-")))
+        table.add_row("plan size", f"{plan.get('bytes', 0) / 1024:.1f} KiB")
+        table.add_row("build time", f"{plan.get('build_s', 0):.2f} s" + (" (cached)" if plan.get("cached") else ""))
+    else:
+        table.add_row("plan", "none: the torch backend runs the weights directly")
+    table.add_row("opened in", f"{s['open_s']:.2f} s")
+    table.add_row("held-out observations", str(q["observations"]))
+    table.add_row("token agreement vs fp32", f"{q['token_agreement']:.4f} (gate >= {gate['min_token_agreement']})")
+    table.add_row("max |logit - fp32 logit|", f"{q['max_abs_logit_diff']:.2e}")
+    table.add_row("action RMSE", f"{q['action_rmse_rad'] * 1e3:.4f} mrad (gate <= {gate['max_action_rmse_rad'] * 1e3:.4f})")
+    table.add_row("fp32 target action RMSE", f"{q['ref_action_rmse_rad'] * 1e3:.4f} mrad")
+    table.add_row("quality gate", "[green]PASS[/green]" if s["passed"] else "[red]FAIL[/red]")
+    console.print(table)
