@@ -118,7 +118,8 @@ def _print_summary(s: dict, console: Console) -> None:
     table.add_row("held-out observations", str(q["observations"]))
     table.add_row("token agreement vs fp32", f"{q['token_agreement']:.4f} (gate >= {gate['min_token_agreement']})")
     table.add_row("max |logit - fp32 logit|", f"{q['max_abs_logit_diff']:.2e}")
-    table.add_row("action RMSE", f"{q['action_rmse_rad'] * 1e3:.4f} mrad (gate <= {gate['max_action_rmse_rad'] * 1e3:.4f})")
+    limit = gate["max_action_rmse_rad"] * 1e3
+    table.add_row("action RMSE", f"{q['action_rmse_rad'] * 1e3:.4f} mrad (gate <= {limit:.4f})")
     table.add_row("fp32 target action RMSE", f"{q['ref_action_rmse_rad'] * 1e3:.4f} mrad")
     table.add_row("quality gate", "[green]PASS[/green]" if s["passed"] else "[red]FAIL[/red]")
     console.print(table)
