@@ -107,7 +107,7 @@ def _print_summary(s: dict, console: Console) -> None:
     q, plan, gate = s["quality"], s["plan"], s["gate"]
     table = Table(title=f"edgeinfer build: {s['backend']} {s['precision']} on {s['device']}", show_header=False)
     table.add_column(style="bold")
-    table.add_column(justify="right")
+    table.add_column(justify="right", overflow="fold")
     if plan:
         table.add_row("plan", str(plan.get("path", "-")))
         table.add_row("plan size", f"{plan.get('bytes', 0) / 1024:.1f} KiB")

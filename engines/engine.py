@@ -64,8 +64,9 @@ def unavailable_reason(backend: str, device: str = "cpu") -> str | None:
     if device.startswith("cuda") and not cuda_available():
         return "no CUDA device visible to torch"
     if backend == "onnxruntime":
-        if importlib.util.find_spec("onnxruntime") is None:
-            return "onnxruntime is not installed (pip install onnxruntime, or onnxruntime-gpu for CUDA)"
+        for lib in ("onnxruntime", "onnx", "onnxscript"):  # onnx + onnxscript: the exporter (engines/onnx_export.py)
+            if importlib.util.find_spec(lib) is None:
+                return f"{lib} is not installed (pip install {lib}; onnxruntime-gpu for CUDA)"
         if device.startswith("cuda"):
             import onnxruntime as ort
 

@@ -1,5 +1,6 @@
 """`edgeinfer build`: the quality gate against the fp32 target on held-out real runs, through the CLI."""
 import json
+import os
 import subprocess
 import sys
 
@@ -38,3 +39,26 @@ def test_fp32_torch_engine_is_the_reference(schunk_dir):
 def test_missing_recordings_are_named(tmp_path):
     proc = _cli("--backend", "torch", "--data-dir", str(tmp_path / "nowhere"))
     assert proc.returncode == 2 and "nowhere" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_onnxruntime_build_uses_the_engine_cache_and_rebuilds_a_corrupt_plan(schunk_dir, tmp_path):
+    env_args = ("--backend", "onnxruntime", "--data-dir", str(schunk_dir), "--n-obs", "8")
+    env = {**os.environ, "EDGEINFER_CACHE_DIR": str(tmp_path / "cache")}
+    runs = []
+    for i in range(3):
+        out = tmp_path / f"build{i}.json"
+        proc = subprocess.run([sys.executable, "-m", "edgeinfer", "build", *env_args, "--json", str(out)],
+                              capture_output=True, text=True, timeout=300, env=env)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        runs.append((proc, json.loads(out.read_text())))
+        if i == 1:  # corrupt the cached plan between the second and third build
+            plan = runs[-1][1]["plan"]["path"]
+            data = bytearray(open(plan, "rb").read())
+            data[len(data) // 2] ^= 0xFF
+            open(plan, "wb").write(bytes(data))
+    (_, first), (_, second), (third_proc, third) = runs
+    assert not first["plan"]["cached"] and second["plan"]["cached"] and not third["plan"]["cached"]
+    assert "sha256 mismatch (corrupt); rebuilding" in third_proc.stdout + third_proc.stderr
+    assert first["plan"]["sha256"] == second["plan"]["sha256"]
+    for _, s in runs:  # 100 % greedy agreement with the fp32 torch target, logits within 1e-4
+        assert s["passed"] and s["quality"]["token_agreement"] == 1.0 and s["quality"]["max_abs_logit_diff"] < 1e-4
