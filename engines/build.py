@@ -8,28 +8,26 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-import numpy as np
 from edgeinfer.engines.engine import Engine, engine_class, unavailable_reason
 from edgeinfer.engines.policy import DEFAULT_POLICY, Policy, load_policy
 from rich.console import Console
 from rich.progress import Progress, SpinnerColumn
 from rich.table import Table
 
-DEFAULT_DATA_DIR = Path(__file__).resolve().parents[2] / "shared" / "data" / "schunk_lwa4p"
-
 
 def load_engine(policy: Policy, backend: str = "torch", precision: str = "fp32", device: str = "cpu",
-                threads: int = 1) -> Engine:
+                threads: int = 1, **options) -> Engine:
     """The target of `policy` as an Engine on `backend`/`precision`/`device`, its plan built or taken from
     the engine cache (engines/cache.py).
 
     Raises RuntimeError naming the backend when it cannot run here (library missing, no GPU), and
-    ValueError for a precision the backend does not build.
+    ValueError for a precision the backend does not build. options go to the backend's from_policy
+    (torch: cuda_graphs, max_pass, data_dir).
     """
     reason = unavailable_reason(backend, device)
     if reason:
         raise RuntimeError(f"backend {backend!r} on {device}: {reason}")
-    return engine_class(backend).from_policy(policy, precision=precision, device=device, threads=threads)
+    return engine_class(backend).from_policy(policy, precision=precision, device=device, threads=threads, **options)
 
 
 @dataclass
@@ -43,7 +41,7 @@ class BuildConfig:
     backend: Literal["torch", "onnxruntime", "tensorrt"] = "onnxruntime"
     precision: Literal["fp32", "bf16", "fp8"] = "fp32"
     device: str = "cpu"
-    data_dir: Path = DEFAULT_DATA_DIR
+    data_dir: Path | None = None  # None: $EDGEINFER_DATA_DIR, else ../shared/data/schunk_lwa4p
     n_obs: int = 256
     min_token_agreement: float = 0.80
     max_rmse_increase: float = 0.10
@@ -51,7 +49,7 @@ class BuildConfig:
     json: Path | None = None
 
     def __post_init__(self):
-        self.policy, self.data_dir = Path(self.policy), Path(self.data_dir)
+        self.policy = Path(self.policy)
         if self.n_obs < 1:
             raise ValueError(f"BuildConfig.n_obs must be >= 1, got {self.n_obs}")
         if not 0 <= self.min_token_agreement <= 1:
@@ -60,23 +58,14 @@ class BuildConfig:
             raise ValueError(f"BuildConfig.max_rmse_increase must be >= 0, got {self.max_rmse_increase}")
 
 
-def held_out_windows(policy: Policy, data_dir: Path, n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """n random (features (n, obs_dim), offsets (n, H, D) rad) windows of the held-out runs under data_dir.
-    Raises FileNotFoundError naming the folder when the recordings are not there."""
-    from edgeinfer.engines.train import load_split
-
-    feats, offsets, _ = load_split(data_dir, policy.cfg.horizon, policy.cfg.stride_ticks)["held_out"]
-    idx = np.sort(np.random.default_rng(seed).choice(len(feats), min(n, len(feats)), replace=False))
-    return feats[idx], offsets[idx]
-
-
 def build(cfg: BuildConfig, console: Console | None = None) -> dict:
     """Build or load the engine, measure its quality, print the summary; returns it (passed: the gate)."""
+    from edgeinfer.engines.calibration import sample_windows
     from edgeinfer.engines.quality import engine_quality
 
     console = console or Console()
     policy = load_policy(cfg.policy)
-    feats, offsets = held_out_windows(policy, cfg.data_dir, cfg.n_obs, cfg.seed)
+    feats, offsets, _ = sample_windows(policy, cfg.n_obs, cfg.seed, cfg.data_dir, require_real=True)
     with Progress(SpinnerColumn(), *Progress.get_default_columns(), console=console, transient=True) as bar:
         task = bar.add_task(f"build {cfg.backend} {cfg.precision} engine on {cfg.device}", total=None)
         t0 = time.perf_counter()

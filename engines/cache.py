@@ -37,6 +37,7 @@ _LIBRARIES = {
     "onnxscript": ("onnxscript",),  # the dynamo exporter's translator: it writes the graph
     "onnxruntime": ("onnxruntime", "onnxruntime-gpu"),
     "tensorrt": ("tensorrt", "tensorrt-cu12", "tensorrt-cu13"),
+    "modelopt": ("nvidia-modelopt",),  # FP8 Q/DQ placement and calibration of TensorRT plans
 }
 
 

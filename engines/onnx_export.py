@@ -40,8 +40,9 @@ class CachedStep(nn.Module):
         return self.model.step(obs, tokens, input_pos, k_cache, v_cache, inplace=False)
 
 
-def export_onnx(policy, path: Path | str, opset: int = 18) -> Path:
-    """Write the cached step of `policy.model` (fp32, CPU) to `path` as one self-contained ONNX file.
+def export_onnx(policy, path: Path | str, opset: int = 18, model: ActionTransformer | None = None) -> Path:
+    """Write the cached step of `policy.model` (fp32, CPU; or of `model`, e.g. a fake-quantised copy of it)
+    to `path` as one self-contained ONNX file.
 
     The exported model is checked with onnx.checker (full check, with shape inference). Returns `path`.
     Raises torch.onnx.errors.OnnxExporterError if export fails and onnx.checker.ValidationError if the
@@ -49,8 +50,9 @@ def export_onnx(policy, path: Path | str, opset: int = 18) -> Path:
     """
     path = Path(path)
     cfg = policy.cfg
-    model = ActionTransformer(cfg).eval()
-    model.load_state_dict(policy.model.state_dict())
+    if model is None:
+        model = ActionTransformer(cfg).eval()
+        model.load_state_dict(policy.model.state_dict())
     t = 3  # example length; the exported graph takes any T in 1..seq_len
     k_cache, v_cache = model.empty_cache()
     example = (torch.zeros(1, cfg.obs_dim), torch.zeros(1, t, dtype=torch.long), torch.arange(t), k_cache, v_cache)

@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 import zmq
 from edgeinfer.control.loop import ControlConfig
+from edgeinfer.engines.engine import unavailable_reason
 from edgeinfer.sim.logs import ArmLog, LogError, read_schunk, synthetic_log
 from edgeinfer.sim.metrics import summarize, write_ticks
 from edgeinfer.sim.report import plot_latency, print_table, write_report
@@ -142,6 +143,8 @@ def replay(cfg: ReplayConfig, console: Console | None = None) -> dict:
     policy = policy_shape(cfg.runtime, log)
     deadline_ms = cfg.deadline_ms if cfg.deadline_ms is not None else log.period_ns / 1e6
     check_run_fits(log, policy, cfg, deadline_ms)
+    if cfg.runtime.byo_spec is None and (reason := unavailable_reason(cfg.runtime.backend, cfg.runtime.device)):
+        raise RuntimeError(f"backend {cfg.runtime.backend!r} on {cfg.runtime.device}: {reason}")
     stride = policy["stride_ticks"]
     ticks = tick_grid(log)
     cfg.out.mkdir(parents=True, exist_ok=True)
