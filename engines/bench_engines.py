@@ -172,12 +172,14 @@ def _row_specs(backends, precisions, device: str, cuda_graphs: str) -> list[tupl
     return specs
 
 
-def _open(policy, backend: str, precision: str, device: str, threads: int, graphs: bool):
+def _open(policy, backend: str, precision: str, device: str, threads: int, graphs: bool, compile: bool = False):
     """load_engine, with the torch engine's CUDA-graph option on CUDA. Raises RuntimeError when graphs were
     asked for but capture failed (the engine would silently run eager)."""
     from edgeinfer.engines.build import load_engine
 
     options = {"cuda_graphs": graphs} if backend == "torch" and device.startswith("cuda") else {}
+    if backend == "torch" and compile:
+        options["compile"] = True
     engine = load_engine(policy, backend, precision, device, threads, **options)
     if graphs and not engine.cuda_graphs:
         raise RuntimeError(f"CUDA graphs requested but not in use: {engine.graph_error}")
@@ -214,10 +216,11 @@ def machine_info() -> dict:
 
 def bench_engines(policy=None, backends=("torch", "onnxruntime"), precisions=PRECISIONS, device: str = "cpu",
                   n_obs: int = 100, json_out: str | Path | None = None, *, n_iters: int = 200, threads: int = 1,
-                  cuda_graphs: str = "both", data_dir=None, quiet: bool = False) -> dict:
+                  cuda_graphs: str = "both", data_dir=None, quiet: bool = False, compile: bool = False) -> dict:
     """Measure every available combination; returns {"machine", "data", "reference", "rows"} (and writes
     it as JSON to json_out). A row that cannot run or fails carries `error` and None metrics; nothing
-    here raises for one engine. cuda_graphs: "both" | "on" | "off", torch rows on CUDA only."""
+    here raises for one engine. cuda_graphs: "both" | "on" | "off", torch rows on CUDA only. compile: torch
+    rows run single-token passes through torch.compile (compile time excluded: it happens at warm-up)."""
     policy = policy or load_policy()
     feats, offsets, source = sample_windows(policy, n_obs, PARITY_SEED, data_dir)
     obs = policy.normalise(feats)
@@ -237,6 +240,7 @@ def bench_engines(policy=None, backends=("torch", "onnxruntime"), precisions=PRE
     _save(result, json_out)
     for backend, precision, graphs in specs:
         row = {"backend": backend, "precision": precision, "device": device, "cuda_graphs": graphs,
+               "compiled": compile and backend == "torch",
                **dict.fromkeys(METRICS), "fp8_kernel": None, "graphs_equal_eager": None,
                "error": None}
         t0 = time.perf_counter()
@@ -245,11 +249,11 @@ def bench_engines(policy=None, backends=("torch", "onnxruntime"), precisions=PRE
             row["error"] = f"unavailable: {reason}"
         else:
             try:
-                engine = _open(policy, backend, precision, device, threads, graphs)
+                engine = _open(policy, backend, precision, device, threads, graphs, compile)
                 metrics, greedy = measure(engine, policy, obs, feats, offsets, ref_tokens, ref_logits, n_iters)
                 row.update(metrics, fp8_kernel=getattr(engine, "fp8_kernel", None))
                 if graphs:  # exactness: the same tokens as the same engine without graphs
-                    engine = _open(policy, backend, precision, device, threads, False)
+                    engine = _open(policy, backend, precision, device, threads, False, compile)
                     eager = [speculative_decode(engine, o, len(greedy[0]), None, _FixedK(0)).tokens for o in obs]
                     row["graphs_equal_eager"] = float(np.mean([e == g.tolist() for e, g in zip(eager, greedy)]))
             except Exception as e:  # one failing engine is a row, not the end of the bench
@@ -286,15 +290,18 @@ def table_rows(rows: list[dict]) -> tuple[list[str], list[list[str]]]:
     # vK p50: one verify pass of K drafts + the last committed token
     head = ["backend", "prec", "device", "graphs", "tok p50 us", "tok p99 us",
             *[f"v{k} p50" for k in VERIFY_KS], "chunk p50 us", "chunk p99 us", "spec p50 us", "tok/pass",
-            "max|dlogit|", "tf agree", "agree", "rmse rad", "spec=greedy", "graphs=eager", "error"]
+            "1-graph chunk p50 us", "max|dlogit|", "tf agree", "agree", "rmse rad", "spec=greedy", "graphs=eager",
+            "error"]
     cells = []
     for r in rows:
         v = r.get("verify_us_p50") or {}
-        cells.append([r["backend"], r["precision"], r["device"], "on" if r["cuda_graphs"] else "off",
+        name = r["backend"] + ("+compile" if r.get("compiled") else "")
+        cells.append([name, r["precision"], r["device"], "on" if r["cuda_graphs"] else "off",
                       _fmt(r["per_token_us_p50"]), _fmt(r["per_token_us_p99"]),
                       *[_fmt(v.get(str(k))) for k in VERIFY_KS],
                       _fmt(r["chunk_us_p50"], 0), _fmt(r["chunk_us_p99"], 0), _fmt(r["spec_chunk_us_p50"], 0),
-                      _fmt(r.get("spec_tokens_per_pass"), 2), _fmt(r["max_abs_logit_diff"], 4),
+                      _fmt(r.get("spec_tokens_per_pass"), 2), _fmt(r.get("one_graph_chunk_us_p50"), 0),
+                      _fmt(r["max_abs_logit_diff"], 4),
                       _fmt(r.get("teacher_forced_agreement"), 4), _fmt(r["token_agreement"], 4),
                       _fmt(r["action_rmse_rad"], 6), _fmt(r.get("spec_equals_greedy"), 3),
                       _fmt(r.get("graphs_equal_eager"), 3), (r["error"] or "")[:60]])
@@ -342,7 +349,7 @@ def headline(rows: list[dict]) -> list[str]:
     def find(precision, device_prefix, graphs):
         for r in rows:
             if (r["backend"] == "torch" and r["precision"] == precision and r["device"].startswith(device_prefix)
-                    and bool(r["cuda_graphs"]) == graphs and not r["error"]):
+                    and bool(r["cuda_graphs"]) == graphs and not r["error"] and not r.get("compiled")):
                 return r
         return None
 
@@ -363,11 +370,11 @@ def headline(rows: list[dict]) -> list[str]:
                          f"speed-up), token agreement with fp32 {fp8['token_agreement']:.3f} vs "
                          f"{bf16['token_agreement']:.3f}, action RMSE {fp8['action_rmse_rad']:.6f} vs "
                          f"{bf16['action_rmse_rad']:.6f} rad")
-    for precision in PRECISIONS:
-        g = find(precision, "cuda", True)
-        if g and g.get("one_graph_chunk_us_p50") is not None:
+    for g in rows:
+        if g.get("one_graph_chunk_us_p50") is not None:
             ms = g["one_graph_chunk_us_p50"] / 1e3
-            lines.append(f"torch cuda {precision}: whole greedy chunk in ONE CUDA graph p50 {ms:.3f} ms, p99 "
+            name = "torch+compile" if g.get("compiled") else "torch"
+            lines.append(f"{name} cuda {g['precision']}: whole greedy chunk in ONE CUDA graph p50 {ms:.3f} ms, p99 "
                          f"{g['one_graph_chunk_us_p99'] / 1e3:.3f} ms (goal < 1 ms: {'MET' if ms < 1 else 'NOT met'}); "
                          f"tokens identical to pass-by-pass greedy: {g['one_graph_equals_greedy']:.3f}")
     for precision in PRECISIONS:
@@ -393,6 +400,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=1, help="CPU threads per engine (default 1, as the runtime)")
     ap.add_argument("--data-dir", default=None, help="Schunk data (default $EDGEINFER_DATA_DIR or ../shared/data)")
     ap.add_argument("--json", default=None, help="write the results here")
+    ap.add_argument("--compile", action="store_true", help="torch rows: single-token passes via torch.compile")
     ap.add_argument("--summary", nargs="+", metavar="JSON", help="print saved results (merged) and exit")
     args = ap.parse_args(argv)
     if args.summary:
@@ -406,7 +414,7 @@ def main(argv: list[str] | None = None) -> int:
     split = lambda s: tuple(x.strip() for x in s.split(",") if x.strip())  # noqa: E731
     result = bench_engines(backends=split(args.backends), precisions=split(args.precisions), device=args.device,
                            n_obs=args.n_obs, json_out=args.json, n_iters=args.n_iters, threads=args.threads,
-                           cuda_graphs=args.cuda_graphs, data_dir=args.data_dir)
+                           cuda_graphs=args.cuda_graphs, data_dir=args.data_dir, compile=args.compile)
     print_table(result, f"engine bench on {args.device}")
     print("\n".join(headline(result["rows"])))
     return 0

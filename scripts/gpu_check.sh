@@ -12,6 +12,7 @@
 # Steps, each its own process so that one failure (even a poisoned CUDA context) cannot stop the others:
 #   1 import check (editable install without dependencies, else a symlink tree on PYTHONPATH)
 #   2 bench on cuda, torch rows with CUDA graphs          -> $OUT/bench_cuda_graphs.json   (the headline)
+#     and again with single-token passes through torch.compile -> $OUT/bench_cuda_compiled.json
 #   3 bench on cuda, eager rows (torch, onnxruntime)       -> $OUT/bench_cuda_eager.json
 #   4 the CUDA tests of tests/test_torch_engine.py (when pytest is installed)
 #   5 bench on cpu for reference (torch, onnxruntime)      -> $OUT/bench_cpu.json
@@ -89,6 +90,8 @@ fi
 BENCH=("$PY" -m edgeinfer.engines.bench_engines --n-obs "$N_OBS" --n-iters "$N_ITERS")
 step "bench cuda, CUDA graphs on" "${BENCH[@]}" --device cuda --backends torch --cuda-graphs on \
     --json "$OUT/bench_cuda_graphs.json"
+step "bench cuda, CUDA graphs on + torch.compile" "${BENCH[@]}" --device cuda --backends torch --cuda-graphs on \
+    --compile --precisions bf16,fp8,fp32 --json "$OUT/bench_cuda_compiled.json"
 step "bench cuda, eager" "${BENCH[@]}" --device cuda --backends torch,onnxruntime --cuda-graphs off \
     --json "$OUT/bench_cuda_eager.json"
 if "$PY" -c "import pytest" 2>/dev/null; then
@@ -113,7 +116,8 @@ if [ -n "${EDGEINFER_DATA_DIR:-}" ] && [ -d "$EDGEINFER_DATA_DIR/measurement_1" 
 fi
 
 echo; echo "=== summary"
-JSONS=$(ls "$OUT"/bench_cuda_graphs.json "$OUT"/bench_cuda_eager.json "$OUT"/bench_cpu.json 2>/dev/null)
+JSONS=$(ls "$OUT"/bench_cuda_graphs.json "$OUT"/bench_cuda_compiled.json "$OUT"/bench_cuda_eager.json \
+    "$OUT"/bench_cpu.json 2>/dev/null)
 if [ -n "$JSONS" ]; then
     # shellcheck disable=SC2086
     "$PY" -m edgeinfer.engines.bench_engines --summary $JSONS
