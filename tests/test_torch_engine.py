@@ -236,3 +236,8 @@ def test_fp8_on_gpu_runs_scaled_mm_with_the_emulated_numerics(policy, gpu_obs):
         tokens = _greedy_engine(cpu, o, policy.cfg.n_tokens)
         agree.append(np.mean(_teacher_forced(gpu, o, tokens).argmax(-1) == _teacher_forced(cpu, o, tokens).argmax(-1)))
     assert np.mean(agree) >= 0.9
+
+
+def test_compile_is_refused_where_it_would_break_exactness(policy):
+    with pytest.raises(ValueError, match="compile is fp32 only"):
+        TorchEngine.from_policy(policy, "bf16", "cpu", compile=True)
