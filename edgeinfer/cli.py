@@ -29,6 +29,9 @@ def main(argv: list[str] | None = None) -> int:
     add_options(p, TrainConfig)
     p = sub.add_parser("build", help="build an engine (backend, precision, device), gated on held-out quality")
     add_options(p, BuildConfig)
+    p = sub.add_parser("bench", help="benchmarks: `bench engines` (every backend and precision side by side)")
+    p.add_argument("suite", choices=["engines"], help="engines: per-token, verify-k, chunk latency and parity")
+    p.add_argument("rest", nargs=argparse.REMAINDER, help="the suite's options (see `edgeinfer bench engines -h`)")
     args = parser.parse_args(argv)
     try:
         return _run(args, parser)
@@ -76,6 +79,10 @@ def _run(args, parser) -> int:
         print(f"wrote {cfg.out} and {cfg.out.with_suffix('.pt')}; held-out metrics: "
               f"{policy.manifest['metrics_held_out']}")
         return 0
+    if args.command == "bench":
+        from edgeinfer.engines.bench_engines import main as bench_engines
+
+        return bench_engines(args.rest)
     if args.command == "build":
         from edgeinfer.engines.build import build as build_engine
 

@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 from edgeinfer.engines.calibration import sample_windows
 from edgeinfer.engines.drafters import KinematicDrafter
-from edgeinfer.engines.engine import PRECISIONS, unavailable_reason
+from edgeinfer.engines.engine import BUILDS, PRECISIONS, unavailable_reason
 from edgeinfer.engines.policy import load_policy
 
 from edgeinfer.speculative import speculative_decode
@@ -168,7 +168,8 @@ def _row_specs(backends, precisions, device: str, cuda_graphs: str) -> list[tupl
         for backend in backends:
             if graphs and backend != "torch":
                 continue  # graphs are a torch-backend option
-            specs.extend((backend, precision, graphs) for precision in precisions)
+            specs.extend((backend, precision, graphs) for precision in precisions
+                         if precision in BUILDS.get(backend, PRECISIONS))  # unknown backends: an error row
     return specs
 
 
@@ -389,7 +390,7 @@ def headline(rows: list[dict]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m edgeinfer.engines.bench_engines", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="edgeinfer bench engines", description=__doc__.split("\n")[0])
     ap.add_argument("--device", default="cpu", help="cpu or cuda[:i] (default cpu)")
     ap.add_argument("--backends", default="torch,onnxruntime", help="comma separated (default torch,onnxruntime)")
     ap.add_argument("--precisions", default=",".join(PRECISIONS), help="comma separated (default fp32,bf16,fp8)")

@@ -29,6 +29,7 @@ import numpy as np
 from edgeinfer.engines.model import PolicyConfig
 
 PRECISIONS = ("fp32", "bf16", "fp8")
+BUILDS = {"torch": PRECISIONS, "onnxruntime": ("fp32",), "tensorrt": ("fp32", "fp8")}  # precisions per backend
 
 # name -> (module, class) imported on first use, so that no backend's library is imported unless asked for
 BACKENDS = {
