@@ -74,7 +74,7 @@ class PolicyRuntime:
         self.cfg = cfg
         self.policy = load_policy(cfg.policy)
         self.engine = load_engine(self.policy, cfg.backend, cfg.precision, cfg.device, threads=cfg.threads)
-        self.drafter = make_drafter(cfg.drafter, self.policy.tokenizer)
+        self.drafter = make_drafter(cfg.drafter, self.policy)
         k_max = cfg.scheduler.k_max if cfg.decode == "speculative" else 0
         self.planner = TickPlanner(dataclasses.replace(cfg.scheduler, k_max=k_max))
         self.n_chunks = 0

@@ -3,10 +3,15 @@
 A drafter is reset once per chunk with the observation, then asked for k tokens after the committed prefix:
 
     drafter.reset(q_rad, qd_rad_s, q_prev_rad)      # (D,) float64 each
-    drafter.propose(tokens, k) -> list[int]          # tokens: committed action tokens so far
+    drafter.propose(tokens, k) -> list[int]          # greedy mode; tokens: committed action tokens so far
+    drafter.propose_dist(tokens, k, warp, rng) -> (list[int], q (k, n_bins) float64)
+        # sampling mode: each draft token sampled from the drafter's own distribution q_i (its logits
+        # through `warp`, the same temperature / top-p the target's get); a deterministic drafter
+        # returns one-hot rows. rng: numpy Generator.
 
-Drafts never change the output in greedy mode (the target decides every token); they only change how
-many tokens one target pass can commit.
+Drafts never change the output (the target decides every token in greedy mode, and the rejection rule
+keeps the target's distribution in sampling mode); they only change how many tokens one target pass can
+commit. Registry entries are factories taking the Policy (and options): make_drafter(name, policy).
 """
 from __future__ import annotations
 
@@ -23,6 +28,16 @@ class Drafter(Protocol):
     def reset(self, q_rad: np.ndarray, qd_rad_s: np.ndarray, q_prev_rad: np.ndarray) -> None: ...
 
     def propose(self, tokens: Sequence[int], k: int) -> list[int]: ...
+
+    def propose_dist(self, tokens: Sequence[int], k: int, warp: Callable[[np.ndarray], np.ndarray],
+                     rng: np.random.Generator) -> tuple[list[int], np.ndarray]: ...
+
+
+def one_hot(tokens: Sequence[int], n_bins: int) -> np.ndarray:
+    """(k, n_bins) float64 rows, 1 at each token: the proposal distribution of a deterministic drafter."""
+    q = np.zeros((len(tokens), n_bins))
+    q[np.arange(len(tokens)), list(tokens)] = 1.0
+    return q
 
 
 class KinematicDrafter:
@@ -59,12 +74,17 @@ class KinematicDrafter:
             out.append(tok)
         return out
 
+    def propose_dist(self, tokens, k, warp, rng):
+        drafts = self.propose(tokens, k)
+        return drafts, one_hot(drafts, self.tok.n_bins)
 
-DRAFTERS: dict[str, Callable[..., Drafter]] = {"kinematic": KinematicDrafter}
+
+DRAFTERS: dict[str, Callable[..., Drafter]] = {"kinematic": lambda policy: KinematicDrafter(policy.tokenizer)}
 
 
-def make_drafter(name: str, tokenizer: ActionTokenizer, **kwargs) -> Drafter:
-    """Build a drafter by registry name. Raises KeyError naming the known drafters."""
+def make_drafter(name: str, policy, **kwargs) -> Drafter:
+    """Build a drafter by registry name for `policy` (edgeinfer.engines.policy.Policy). Raises KeyError
+    naming the known drafters."""
     if name not in DRAFTERS:
         raise KeyError(f"unknown drafter {name!r}; known: {sorted(DRAFTERS)}")
-    return DRAFTERS[name](tokenizer, **kwargs)
+    return DRAFTERS[name](policy, **kwargs)
