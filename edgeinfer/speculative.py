@@ -1,10 +1,10 @@
-"""Greedy speculative decoding of action tokens: the hot path, top to bottom.
+"""Speculative decoding of action tokens: the hot path, top to bottom.
 
-    prefill(obs)              one target pass at position 0        -> greedy action token 0
+    prefill(obs)              one target pass at position 0        -> action token 0
     draft(tokens, k)          the drafter proposes k tokens         (near-zero cost for kinematic)
-    verify(last, drafts)      one target pass over k+1 positions    -> the target's greedy choice at each
-    accept                    the longest prefix of drafts that equals the target's choices, plus the
-                              target's own token after it (the correction, or the bonus if all matched)
+    verify(last, drafts)      one target pass over k+1 positions    -> the target's logits at each
+    accept                    the rule (edgeinfer.acceptance) keeps a prefix of the drafts and adds the
+                              target's own token after it (the correction, or the bonus if all were kept)
 
 Greedy acceptance (Leviathan et al. 2023, arXiv 2211.17192, with temperature 0; Chen et al. 2023,
 arXiv 2302.01318): draft i is kept iff it equals argmax p_target(. | prefix + drafts[:i]). Every committed
@@ -24,6 +24,7 @@ from typing import Protocol
 
 import numpy as np
 
+from edgeinfer.acceptance import Greedy, Sampling
 from edgeinfer.engines.drafters import Drafter
 from edgeinfer.engines.engine import Engine
 
@@ -50,32 +51,21 @@ class DecodeResult:
         return self.accepted / self.drafted if self.drafted else None
 
 
-def prefill(engine: Engine, obs: np.ndarray) -> int:
-    """Write position 0 (the observation) into the cache; return the greedy action token 0."""
-    return int(engine.forward(obs, (), 0)[-1].argmax())
-
-
-def verify(engine: Engine, last: int, drafts: list[int], n_committed: int) -> list[int]:
-    """Feed [last committed token] + drafts at positions n_committed..n_committed+k.
-
-    Returns the target's greedy token after each fed position (k+1 ints): entry i is the target's choice
-    for action token n_committed + i, given the committed prefix and drafts[:i].
-    """
-    return engine.forward(None, (last, *drafts), n_committed).argmax(-1).tolist()
-
-
-def speculative_decode(engine: Engine, obs: np.ndarray, n_tokens: int,
-                       drafter: Drafter | None, planner: Planner) -> DecodeResult:
-    """Greedy decoding of up to n_tokens action tokens for one observation (batch 1).
+def speculative_decode(engine: Engine, obs: np.ndarray, n_tokens: int, drafter: Drafter | None,
+                       planner: Planner, rule: Greedy | Sampling | None = None) -> DecodeResult:
+    """Decode up to n_tokens action tokens for one observation (batch 1).
 
     obs: (obs_dim,) float32 normalised features. drafter None (or plans of k=0) gives target-only decoding.
-    Returns the verified tokens; `complete` is False when the planner stopped early for lack of budget.
+    rule: the acceptance rule (edgeinfer.acceptance): Greedy (default, exact), Relaxed (lossy) or Sampling
+    (exact in distribution). Returns the committed tokens; `complete` is False when the planner stopped
+    early for lack of budget.
     """
+    rule = rule or Greedy()
     res = DecodeResult()
     if planner.plan(0, n_tokens) is None:
         return res
     t0 = time.perf_counter_ns()
-    res.tokens.append(prefill(engine, obs))
+    res.tokens.append(rule.first(engine.forward(obs, (), 0)[-1]))  # prefill: position 0 is the observation
     res.target_passes += 1
     planner.record("prefill", 0, time.perf_counter_ns() - t0)
     while len(res.tokens) < n_tokens:
@@ -85,17 +75,16 @@ def speculative_decode(engine: Engine, obs: np.ndarray, n_tokens: int,
             return res
         k = min(k, n_tokens - n - 1) if drafter is not None else 0
         t0 = time.perf_counter_ns()
-        drafts = drafter.propose(res.tokens, k) if k > 0 else []
+        drafts, q = rule.draft(drafter, res.tokens, k) if k > 0 else ([], None)
         t1 = time.perf_counter_ns()
-        choices = verify(engine, res.tokens[-1], drafts, n)
+        # verify: the last committed token and the drafts at positions n..n+k; row i predicts token n + i
+        logits = engine.forward(None, (res.tokens[-1], *drafts), n)
+        accepted, token = rule.accept(drafts, q, logits)
         planner.record("draft", k, t1 - t0)
         planner.record("verify", k, time.perf_counter_ns() - t1)
-        accepted = 0
-        while accepted < k and drafts[accepted] == choices[accepted]:
-            accepted += 1
         engine.rollback(n + 1 + accepted)  # positions past the committed prefix held rejected drafts
         res.tokens.extend(drafts[:accepted])
-        res.tokens.append(choices[accepted])  # the target's correction, or its bonus token
+        res.tokens.append(token)  # the target's correction, or its bonus token
         res.target_passes += 1
         res.drafted += k
         res.accepted += accepted
