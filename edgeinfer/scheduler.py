@@ -1,6 +1,14 @@
 """Deadline-aware planning of one chunk's decoding: how many drafts the next target pass may verify,
 and whether another pass fits the tick's budget at all.
 
+Adaptive speculation (SchedulerConfig.adaptive): k is chosen per pass to maximise the expected tokens per
+second, E[tokens per pass] / E[cost of the pass], where with a per-token acceptance rate a,
+E[tokens per pass] = (1 - a^(k+1)) / (1 - a) (Leviathan et al. 2023, eq. 1), a is estimated online from
+the accepted counts of recent passes, and the costs are the medians of measured draft and verify times.
+k = 0 (speculation off) wins whenever drafting does not pay; a pass of k = 1 is still tried every
+`probe_every` passes so that a drafter that starts paying again is noticed. The deadline check then
+lowers k further if the high-quantile cost of the chosen pass does not fit.
+
 Costs are online estimates of a high quantile (default p99, not the mean: a plan built on means misses
 its deadline about half the time the estimate is tight) over a rolling window of measured durations,
 per operation and speculation length k.
@@ -24,6 +32,8 @@ class SchedulerConfig:
     quantile: float = 0.99
     window: int = 256
     margin_ms: float = 0.5  # kept free at the end of the budget for encoding and publishing the chunk
+    adaptive: bool = True  # choose k per pass for tokens/s (k_max is then the most it may choose)
+    probe_every: int = 32  # adaptive: passes between probes of k = 1 while speculation is off
 
     def __post_init__(self):
         if not 0 < self.budget_ms <= 10_000:
@@ -34,6 +44,8 @@ class SchedulerConfig:
             raise ValueError(f"SchedulerConfig.window must be in 16..100000, got {self.window}")
         if not 0 <= self.k_max <= 64:
             raise ValueError(f"SchedulerConfig.k_max must be in 0..64, got {self.k_max}")
+        if self.probe_every < 1:
+            raise ValueError(f"SchedulerConfig.probe_every must be >= 1, got {self.probe_every}")
         if not 0.5 <= self.quantile < 1:
             raise ValueError(f"SchedulerConfig.quantile must be in [0.5, 1), got {self.quantile}")
 
@@ -48,32 +60,63 @@ class LatencyModel:
 
     def record(self, op: str, k: int, duration_ns: int) -> None:
         self._samples[(op, k)].append(duration_ns)
-        self._cache.pop((op, k), None)
+        for q in (self.quantile, 0.5):
+            self._cache.pop((op, k, q), None)
 
     def clear(self) -> None:
         """Forget every sample (after warm-up: first calls pay one-off allocation costs)."""
         self._samples.clear()
         self._cache.clear()
 
-    def estimate_ns(self, op: str, k: int) -> float:
-        """Quantile estimate; 0 when never measured (the first pass is how it gets measured)."""
-        key = (op, k)
+    def estimate_ns(self, op: str, k: int, quantile: float | None = None) -> float:
+        """Quantile estimate (default: the planning quantile); 0 when never measured (the first pass is how
+        it gets measured)."""
+        q = self.quantile if quantile is None else quantile
+        key = (op, k, q)
         if key not in self._cache:
-            s = self._samples.get(key)
-            self._cache[key] = float(np.quantile(s, self.quantile)) if s else 0.0
+            s = self._samples.get((op, k))
+            self._cache[key] = float(np.quantile(s, q)) if s else 0.0
         return self._cache[key]
 
     def count(self, op: str, k: int) -> int:
         return len(self._samples.get((op, k), ()))
 
 
+def expected_tokens(a: float, k: int) -> float:
+    """E[tokens committed by a pass verifying k drafts] at per-token acceptance rate a in [0, 1]."""
+    return k + 1.0 if a >= 1 else (1 - a ** (k + 1)) / (1 - a)
+
+
+class AcceptanceModel:
+    """Per-token acceptance rate from recent passes: the maximum-likelihood estimate for geometric runs
+    truncated at k, accepted / (accepted + passes that saw a rejection). Starts from a prior of 0.5."""
+
+    def __init__(self, window: int = 64, prior: float = 0.5, prior_weight: float = 2.0):
+        self._passes: deque = deque(maxlen=window)
+        self.prior, self.prior_weight = prior, prior_weight
+
+    def record(self, k: int, accepted: int) -> None:
+        if k > 0:
+            self._passes.append((accepted, accepted < k))
+
+    def rate(self) -> float:
+        accepted = sum(a for a, _ in self._passes) + self.prior * self.prior_weight
+        rejections = sum(r for _, r in self._passes) + (1 - self.prior) * self.prior_weight
+        return accepted / (accepted + rejections)
+
+
 class TickPlanner:
-    """Plans the passes of one chunk against an absolute deadline on the monotonic clock."""
+    """Plans the passes of one chunk against an absolute deadline on the monotonic clock.
+
+    record(op, k, value): op "prefill" | "draft" | "verify" with a duration in ns, or "accepted" with the
+    number of drafts the pass kept (for adaptive speculation)."""
 
     def __init__(self, cfg: SchedulerConfig, latency: LatencyModel | None = None):
         self.cfg = cfg
         self.latency = latency or LatencyModel(cfg.quantile, cfg.window)
+        self.acceptance = AcceptanceModel()
         self.deadline_ns = None
+        self._since_probe = 0
 
     def start(self, t_start_ns: int | None = None) -> None:
         """Begin a chunk whose budget runs from t_start_ns (default: now)."""
@@ -90,11 +133,32 @@ class TickPlanner:
             # The prefill always runs while any budget is left: without it nothing is verified, and an op
             # that is never run again could never correct a pessimistic estimate.
             return 0 if left is None or left > 0 else None
-        for k in range(min(self.cfg.k_max, remaining - 1), -1, -1):
+        k_top = min(self.cfg.k_max, remaining - 1)
+        if self.cfg.adaptive:
+            k_top = min(k_top, self.best_k())
+        for k in range(k_top, -1, -1):
             cost = self.latency.estimate_ns("draft", k) + self.latency.estimate_ns("verify", k)
             if left is None or cost <= left:
                 return k
         return None
 
-    def record(self, op: str, k: int, duration_ns: int) -> None:
-        self.latency.record(op, k, duration_ns)
+    def best_k(self) -> int:
+        """The k in 0..k_max with the most expected tokens per second (see the module docstring); an
+        unmeasured k costs 0, so each is tried once. Speculation off (0) is probed with k = 1 now and then."""
+        a = self.acceptance.rate()
+        rates = [expected_tokens(a, k) / max(1.0, self.latency.estimate_ns("draft", k, 0.5)
+                                             + self.latency.estimate_ns("verify", k, 0.5))
+                 for k in range(self.cfg.k_max + 1)]
+        k = int(np.argmax(rates))
+        if k == 0 and self.cfg.k_max > 0:
+            self._since_probe += 1
+            if self._since_probe >= self.cfg.probe_every:
+                self._since_probe = 0
+                return 1
+        return k
+
+    def record(self, op: str, k: int, value: int) -> None:
+        if op == "accepted":
+            self.acceptance.record(k, value)
+        else:
+            self.latency.record(op, k, value)

@@ -33,7 +33,8 @@ class Planner(Protocol):
     def plan(self, committed: int, remaining: int) -> int | None:
         """Drafts to verify in the next pass (0 = plain target step), or None when no pass fits."""
 
-    def record(self, op: str, k: int, duration_ns: int) -> None: ...
+    def record(self, op: str, k: int, value: int) -> None:
+        """op "prefill" | "draft" | "verify": a duration in ns; "accepted": drafts kept by a pass of k."""
 
 
 @dataclass
@@ -82,6 +83,7 @@ def speculative_decode(engine: Engine, obs: np.ndarray, n_tokens: int, drafter: 
         accepted, token = rule.accept(drafts, q, logits)
         planner.record("draft", k, t1 - t0)
         planner.record("verify", k, time.perf_counter_ns() - t1)
+        planner.record("accepted", k, accepted)
         engine.rollback(n + 1 + accepted)  # positions past the committed prefix held rejected drafts
         res.tokens.extend(drafts[:accepted])
         res.tokens.append(token)  # the target's correction, or its bonus token

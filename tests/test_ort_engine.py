@@ -74,7 +74,7 @@ def test_speculative_on_ort_equals_greedy(policy, engines, observations, torch_g
         obs = policy.normalise(feats)
         q = np.zeros(d)
         drafter.reset(q, feats[d:2 * d], q - feats[2 * d:3 * d])
-        planner = TickPlanner(SchedulerConfig(k_max=k))
+        planner = TickPlanner(SchedulerConfig(k_max=k, adaptive=False))
         planner.unlimited()
         res = speculative_decode(engines[1], obs, policy.cfg.n_tokens, drafter, planner)
         assert res.complete

@@ -28,7 +28,7 @@ def _decode(policy, feats_row, drafter, k_max, planner=None):
     q = np.zeros(d)
     drafter.reset(q, feats_row[d:2 * d], q - feats_row[2 * d:3 * d])
     if planner is None:
-        planner = TickPlanner(SchedulerConfig(k_max=k_max))
+        planner = TickPlanner(SchedulerConfig(k_max=k_max, adaptive=False))
         planner.unlimited()
     return speculative_decode(_engine(policy), policy.normalise(feats_row), policy.cfg.n_tokens, drafter, planner)
 
