@@ -9,9 +9,10 @@ import itertools
 
 import numpy as np
 import pytest
+from scipy.stats import chisquare
+
 from edgeinfer.acceptance import Greedy, Relaxed, Sampling, softmax
 from edgeinfer.speculative import speculative_decode
-from scipy.stats import chisquare
 
 N_BINS, N_TOKENS = 4, 4
 

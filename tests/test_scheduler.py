@@ -1,5 +1,6 @@
 """Adaptive speculation: k chosen for expected tokens per second from measured costs and acceptance."""
 import pytest
+
 from edgeinfer.scheduler import AcceptanceModel, SchedulerConfig, TickPlanner, expected_tokens
 
 
