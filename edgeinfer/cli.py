@@ -29,8 +29,9 @@ def main(argv: list[str] | None = None) -> int:
     add_options(p, TrainConfig)
     p = sub.add_parser("build", help="build an engine (backend, precision, device), gated on held-out quality")
     add_options(p, BuildConfig)
-    p = sub.add_parser("bench", help="benchmarks: `bench engines` (every backend and precision side by side)")
-    p.add_argument("suite", choices=["engines"], help="engines: per-token, verify-k, chunk latency and parity")
+    p = sub.add_parser("bench", help="benchmarks: `bench engines` (backends and precisions), `bench spec` "
+                                     "(speculative decoding: drafters, k, adaptive, sampling, the HF peer)")
+    p.add_argument("suite", choices=["engines", "spec"], help="which benchmark (each has its own -h)")
     p.add_argument("rest", nargs=argparse.REMAINDER, help="the suite's options (see `edgeinfer bench engines -h`)")
     args = parser.parse_args(argv)
     try:
@@ -80,6 +81,10 @@ def _run(args, parser) -> int:
               f"{policy.manifest['metrics_held_out']}")
         return 0
     if args.command == "bench":
+        if args.suite == "spec":
+            from edgeinfer.bench_spec import main as bench_spec
+
+            return bench_spec(args.rest)
         from edgeinfer.engines.bench_engines import main as bench_engines
 
         return bench_engines(args.rest)

@@ -2,9 +2,10 @@
 and whether another pass fits the tick's budget at all.
 
 Adaptive speculation (SchedulerConfig.adaptive): k is chosen per pass to maximise the expected tokens per
-second, E[tokens per pass] / E[cost of the pass], where with a per-token acceptance rate a,
-E[tokens per pass] = (1 - a^(k+1)) / (1 - a) (Leviathan et al. 2023, eq. 1), a is estimated online from
-the accepted counts of recent passes, and the costs are the medians of measured draft and verify times.
+second, E[tokens per pass] / E[cost of the pass]. With drafts kept independently at rate a, E[tokens per
+pass] = (1 - a^(k+1)) / (1 - a) (Leviathan et al. 2023, eq. 1); action drafts are kept in runs, so the
+estimate here is the empirical one from the kept-draft runs of recent passes (AcceptanceModel), and the
+costs are the medians of measured draft and verify times.
 k = 0 (speculation off) wins whenever drafting does not pay; a pass of k = 1 is still tried every
 `probe_every` passes so that a drafter that starts paying again is noticed. The deadline check then
 lowers k further if the high-quantile cost of the chosen pass does not fit.
@@ -28,12 +29,12 @@ class SchedulerConfig:
     (0 = target-only). quantile: cost estimate used for planning. window: samples kept per operation."""
 
     budget_ms: float = 20.0
-    k_max: int = 6
+    k_max: int = 16
     quantile: float = 0.99
     window: int = 256
     margin_ms: float = 0.5  # kept free at the end of the budget for encoding and publishing the chunk
-    adaptive: bool = True  # choose k per pass for tokens/s (k_max is then the most it may choose)
-    probe_every: int = 32  # adaptive: passes between probes of k = 1 while speculation is off
+    adaptive: bool = True  # choose k per chunk for tokens/s (k_max is then the most it may choose)
+    probe_every: int = 32  # adaptive: chunks between probes of k = 1 while speculation is off
 
     def __post_init__(self):
         if not 0 < self.budget_ms <= 10_000:
@@ -59,9 +60,11 @@ class LatencyModel:
         self._cache: dict[tuple[str, int], float] = {}
 
     def record(self, op: str, k: int, duration_ns: int) -> None:
-        self._samples[(op, k)].append(duration_ns)
-        for q in (self.quantile, 0.5):
-            self._cache.pop((op, k, q), None)
+        samples = self._samples[(op, k)]
+        samples.append(duration_ns)
+        if len(samples) < 16 or len(samples) % 8 == 0:  # a quantile of 256 samples costs ~20 us: refresh
+            for q in (self.quantile, 0.5):                # early, then every 8th sample, not every pass
+                self._cache.pop((op, k, q), None)
 
     def clear(self) -> None:
         """Forget every sample (after warm-up: first calls pay one-off allocation costs)."""
@@ -83,26 +86,48 @@ class LatencyModel:
 
 
 def expected_tokens(a: float, k: int) -> float:
-    """E[tokens committed by a pass verifying k drafts] at per-token acceptance rate a in [0, 1]."""
+    """E[tokens committed by a pass verifying k drafts] when each draft is kept independently with
+    probability a in [0, 1] (Leviathan et al. 2023, eq. 1)."""
     return k + 1.0 if a >= 1 else (1 - a ** (k + 1)) / (1 - a)
 
 
 class AcceptanceModel:
-    """Per-token acceptance rate from recent passes: the maximum-likelihood estimate for geometric runs
-    truncated at k, accepted / (accepted + passes that saw a rejection). Starts from a prior of 0.5."""
+    """E[tokens per pass] for each k from the kept-draft runs of recent passes, without assuming that drafts
+    are kept independently: an arm's motion is smooth for a while and then changes, so a drafter that is
+    right about one token is often right about the next few. The survival S(j) = P(run of kept drafts >= j)
+    is estimated like a Kaplan-Meier curve (a pass of k drafts that kept all k says only that the run is
+    >= k), so E[tokens | k] = 1 + S(1) + ... + S(k). Each conditional step starts from a prior of 0.5."""
 
-    def __init__(self, window: int = 64, prior: float = 0.5, prior_weight: float = 2.0):
-        self._passes: deque = deque(maxlen=window)
+    def __init__(self, k_max: int, window: int = 256, prior: float = 0.5, prior_weight: float = 1.0):
+        self.k_max, self.window = k_max, window
+        self._passes: deque = deque()
         self.prior, self.prior_weight = prior, prior_weight
+        self._at_risk = np.full(k_max, prior_weight)  # passes that put draft j to the test (plus the prior)
+        self._kept = np.full(k_max, prior * prior_weight)  # ... and kept it
 
     def record(self, k: int, accepted: int) -> None:
         if k > 0:
-            self._passes.append((accepted, accepted < k))
+            self._passes.append((k, accepted))
+            self._count(k, accepted, +1)
+            if len(self._passes) > self.window:
+                self._count(*self._passes.popleft(), -1)
+
+    def _count(self, k: int, accepted: int, sign: int) -> None:
+        self._at_risk[:min(accepted + 1, k, self.k_max)] += sign  # drafts 1..accepted+1 were tested
+        self._kept[:min(accepted, self.k_max)] += sign
+
+    def survival(self) -> np.ndarray:
+        """S(j) for j = 1..k_max, (k_max,) float64."""
+        return np.cumprod(self._kept / self._at_risk)
+
+    def expected_tokens(self) -> np.ndarray:
+        """E[tokens per pass] for k = 0..k_max, (k_max + 1,) float64."""
+        return 1.0 + np.concatenate([[0.0], np.cumsum(self.survival())])
 
     def rate(self) -> float:
-        accepted = sum(a for a, _ in self._passes) + self.prior * self.prior_weight
-        rejections = sum(r for _, r in self._passes) + (1 - self.prior) * self.prior_weight
-        return accepted / (accepted + rejections)
+        """The overall fraction of drafts kept (what reports call the acceptance rate)."""
+        drafted = sum(k for k, _ in self._passes)
+        return sum(a for _, a in self._passes) / drafted if drafted else self.prior
 
 
 class TickPlanner:
@@ -114,9 +139,10 @@ class TickPlanner:
     def __init__(self, cfg: SchedulerConfig, latency: LatencyModel | None = None):
         self.cfg = cfg
         self.latency = latency or LatencyModel(cfg.quantile, cfg.window)
-        self.acceptance = AcceptanceModel()
+        self.acceptance = AcceptanceModel(cfg.k_max)
         self.deadline_ns = None
         self._since_probe = 0
+        self._chunk_k = cfg.k_max
 
     def start(self, t_start_ns: int | None = None) -> None:
         """Begin a chunk whose budget runs from t_start_ns (default: now)."""
@@ -132,10 +158,9 @@ class TickPlanner:
         if committed == 0:
             # The prefill always runs while any budget is left: without it nothing is verified, and an op
             # that is never run again could never correct a pessimistic estimate.
+            self._chunk_k = self.best_k() if self.cfg.adaptive else self.cfg.k_max  # once per chunk
             return 0 if left is None or left > 0 else None
-        k_top = min(self.cfg.k_max, remaining - 1)
-        if self.cfg.adaptive:
-            k_top = min(k_top, self.best_k())
+        k_top = min(self._chunk_k, remaining - 1)
         for k in range(k_top, -1, -1):
             cost = self.latency.estimate_ns("draft", k) + self.latency.estimate_ns("verify", k)
             if left is None or cost <= left:
@@ -143,11 +168,12 @@ class TickPlanner:
         return None
 
     def best_k(self) -> int:
-        """The k in 0..k_max with the most expected tokens per second (see the module docstring); an
-        unmeasured k costs 0, so each is tried once. Speculation off (0) is probed with k = 1 now and then."""
-        a = self.acceptance.rate()
-        rates = [expected_tokens(a, k) / max(1.0, self.latency.estimate_ns("draft", k, 0.5)
-                                             + self.latency.estimate_ns("verify", k, 0.5))
+        """The k in 0..k_max with the most expected tokens per second (see the module docstring), chosen at
+        the start of each chunk; an unmeasured k costs 0, so each is tried once. Speculation off (0) is
+        probed with k = 1 every probe_every chunks."""
+        tokens = self.acceptance.expected_tokens()
+        rates = [tokens[k] / max(1.0, self.latency.estimate_ns("draft", k, 0.5)
+                                 + self.latency.estimate_ns("verify", k, 0.5))
                  for k in range(self.cfg.k_max + 1)]
         k = int(np.argmax(rates))
         if k == 0 and self.cfg.k_max > 0:

@@ -28,12 +28,27 @@ def test_expected_tokens_formula():
     assert expected_tokens(0.5, 2) == pytest.approx(1 + 0.5 + 0.25)
 
 
-def test_acceptance_estimate_is_the_truncated_geometric_mle():
-    m = AcceptanceModel(prior_weight=0.0)
-    for _ in range(50):
-        m.record(4, 4)  # all kept: no rejection seen
-        m.record(4, 1)  # one kept, then a rejection
-    assert m.rate() == pytest.approx(250 / 300)
+def test_expected_tokens_follow_the_kept_runs_not_an_independence_assumption():
+    m = AcceptanceModel(k_max=8, prior_weight=1e-9)
+    for _ in range(30):
+        m.record(8, 8)  # bursts: all eight kept
+        m.record(8, 0)  # or none
+    s = m.survival()
+    assert s == pytest.approx([0.5] * 8)  # half the passes keep every draft: S(j) = 0.5 for all j
+    assert m.expected_tokens()[8] == pytest.approx(1 + 8 * 0.5)
+    assert m.rate() == pytest.approx(0.5)
+    # an independence model with the same rate predicts far less from long speculation
+    assert expected_tokens(0.5, 8) < 2.0 < m.expected_tokens()[8]
+
+
+def test_truncated_passes_only_say_the_run_was_at_least_k():
+    m = AcceptanceModel(k_max=4, prior_weight=1e-9)
+    for _ in range(20):
+        m.record(2, 2)  # kept both: the run is >= 2, nothing known about draft 3
+        m.record(4, 1)
+    s = m.survival()
+    assert s[0] == pytest.approx(1.0) and s[1] == pytest.approx(0.5)  # 40 tested at j=1, all kept; 20 of 40 at j=2
+    assert s[2] == pytest.approx(0.25)  # no pass tested a third draft: the prior 0.5 of a step, nothing more
 
 
 def test_cheap_drafts_and_high_acceptance_speculate_deeply():
@@ -51,8 +66,8 @@ def test_speculation_turns_off_when_it_does_not_pay():
 def test_the_choice_maximises_expected_tokens_per_second():
     draft, verify = (lambda k: 30 * k), (lambda k: 400 + 40 * k)
     p = _planner(draft, verify, 0.6)
-    a = p.acceptance.rate()
-    best = max(range(9), key=lambda k: expected_tokens(a, k) / (draft(k) + verify(k)))
+    tokens = p.acceptance.expected_tokens()
+    best = max(range(9), key=lambda k: tokens[k] / (draft(k) + verify(k)))
     assert p.best_k() == best
 
 

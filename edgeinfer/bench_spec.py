@@ -1,0 +1,235 @@
+"""`edgeinfer bench spec`: speculative decoding side by side on held-out real Schunk observations.
+
+Rows, all decoded in one run by the same target engine (torch fp32 on CPU unless told otherwise):
+    target-only                 greedy, one target pass per token: the baseline
+    <drafter> k=K               each drafter at its best fixed k (best tokens/s in hindsight over `ks`)
+    <drafter> adaptive          k chosen per pass by the scheduler (edgeinfer.scheduler), per drafter
+    <best> relaxed +/-1 bin     LOSSY: drafts within one bin of the target's choice are kept
+    <best> sampling T=1         Leviathan speculative sampling (exact in distribution: tests/test_sampling.py)
+plus, when `transformers` is installed, the peer: Hugging Face assisted generation against edgeinfer on
+the same llama-style target/draft pair (engines/hf_peer.py).
+
+Per row: tokens_per_s (action tokens per second of decode wall time; the observation windows are the same
+for every row), target_passes_per_chunk, acceptance_rate, action_rmse_rad (decoded chunk against the
+recorded future), exact (token-identical to target-only greedy on every chunk; sampling rows: the chi-square
+test). The adaptive check: adaptive tokens/s over target-only tokens/s on each held-out run separately.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+from rich.console import Console
+from rich.progress import Progress
+from rich.table import Table
+
+from edgeinfer.acceptance import Greedy, Relaxed, Sampling
+from edgeinfer.engines.calibration import resolve_data_dir
+from edgeinfer.engines.dataset import chunk_windows
+from edgeinfer.engines.drafters import DRAFTERS, make_drafter
+from edgeinfer.engines.policy import Policy, load_policy
+from edgeinfer.scheduler import SchedulerConfig, TickPlanner
+from edgeinfer.sim.logs import list_schunk_runs, read_schunk, split_of
+from edgeinfer.speculative import speculative_decode
+
+KS = (1, 2, 3, 4, 6, 8, 12, 16)
+
+
+def held_out_chunks(policy: Policy, data_dir: Path, per_run: int) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """{run name: (features (n, 3D), offsets (n, H, D) rad)}: up to per_run consecutive chunk starts (one per
+    chunk step, as the runtime replans) from the middle of each held-out run. Raises FileNotFoundError."""
+    runs = {n: p for n, p in list_schunk_runs(data_dir).items() if split_of(n) == "held_out"}
+    if not runs:
+        raise FileNotFoundError(f"no held-out Schunk runs (measurement_N folders) under {data_dir}")
+    out = {}
+    stride = policy.cfg.stride_ticks
+    for n, path in sorted(runs.items()):
+        log = read_schunk(path)
+        feats, offsets, _ = chunk_windows(log.q_rad, log.qd_rad_s, policy.cfg.horizon, stride)
+        idx = np.arange(0, len(feats), stride)
+        mid = max(0, (len(idx) - per_run) // 2)
+        idx = idx[mid:mid + per_run]
+        out[path.name] = (feats[idx], offsets[idx])
+    return out
+
+
+class _Row:
+    """Accumulates one configuration's decodes."""
+
+    def __init__(self, name: str, lossy: bool = False):
+        self.name, self.lossy = name, lossy
+        self.ns = self.tokens = self.passes = self.drafted = self.accepted = self.chunks = 0
+        self.identical = 0
+        self.decoded: list[list[int]] = []
+
+    def add(self, res, ns: int, reference: list[int] | None = None) -> None:
+        self.ns += ns
+        self.tokens += len(res.tokens)
+        self.passes += res.target_passes
+        self.drafted += res.drafted
+        self.accepted += res.accepted
+        self.chunks += 1
+        self.identical += reference is not None and res.tokens == reference
+        self.decoded.append(res.tokens)
+
+    def tokens_per_s(self) -> float:
+        return self.tokens / (self.ns / 1e9)
+
+    def summary(self, policy: Policy, offsets: np.ndarray, exact_by: str | None = None) -> dict:
+        tokens = np.array(self.decoded)
+        rmse = float(np.sqrt(np.mean((policy.tokenizer.decode(tokens) - offsets) ** 2)))
+        exact = exact_by is not None or self.identical == self.chunks
+        return {"name": self.name, "tokens_per_s": round(self.tokens_per_s(), 1),
+                "target_passes_per_chunk": round(self.passes / self.chunks, 2),
+                "acceptance_rate": round(self.accepted / self.drafted, 4) if self.drafted else None,
+                "action_rmse_rad": rmse, "exact": bool(exact and not self.lossy),
+                "exact_by": exact_by or ("lossy" if self.lossy else "token-identical to target-only greedy"),
+                "chunks": self.chunks}
+
+
+def _decode(rows, engine, policy, feat, drafter, planner, rule, reference):
+    """Decode one chunk from raw features feat (3D,) and add it to every row in `rows`; returns it."""
+    d = policy.cfg.n_joints
+    q, qd, inc = feat[:d], feat[d:2 * d], feat[2 * d:]
+    if drafter is not None:
+        drafter.reset(q, qd, q - inc)
+    t0 = time.perf_counter_ns()
+    res = speculative_decode(engine, policy.features(q, qd, q - inc), policy.cfg.n_tokens, drafter, planner, rule)
+    ns = time.perf_counter_ns() - t0
+    for row in rows:
+        row.add(res, ns, reference)
+    return res
+
+
+def _fixed(k: int) -> TickPlanner:
+    p = TickPlanner(SchedulerConfig(k_max=k, adaptive=False))
+    p.unlimited()
+    return p
+
+
+def bench_spec(policy: Policy | None = None, data_dir: Path | None = None, per_run: int = 12,
+               drafters: tuple[str, ...] | None = None, ks: tuple[int, ...] = KS, backend: str = "torch",
+               peer: bool = True, console: Console | None = None) -> dict:
+    """Run every row (see the module docstring) and return {"rows", "adaptive_per_run", "config"}."""
+    from edgeinfer.engines.build import load_engine
+
+    console = console or Console(stderr=True)
+    policy = policy or load_policy()
+    data_dir = resolve_data_dir(data_dir)
+    runs = held_out_chunks(policy, data_dir, per_run)
+    feats = np.concatenate([f for f, _ in runs.values()])
+    offsets = np.concatenate([o for _, o in runs.values()])
+    engine = load_engine(policy, backend)
+    drafters = drafters or tuple(DRAFTERS)
+    models = {name: make_drafter(name, policy) for name in drafters}
+    adaptive = {name: TickPlanner(SchedulerConfig(k_max=max(ks))) for name in drafters}
+    for p in adaptive.values():
+        p.unlimited()
+    base = _Row("target-only")
+    fixed = {(name, k): _Row(f"{name} k={k}") for name in drafters for k in ks}
+    adapt = {name: _Row(f"{name} adaptive") for name in drafters}
+    per_run_rates = {}
+    warm = min(5, len(feats))
+    with console.status("warming up"):
+        for f in feats[:warm]:  # first calls pay one-off costs; adaptive planners learn their costs
+            _decode([], engine, policy, f, None, _fixed(0), Greedy(), None)
+            for name in drafters:
+                _decode([], engine, policy, f, models[name], adaptive[name], Greedy(), None)
+    bar = Progress(*Progress.get_default_columns(), console=console, transient=True)
+    task = bar.add_task("held-out chunks, every row side by side", total=len(feats))
+    bar.start()
+    for run, (run_feats, _) in runs.items():
+        run_base, run_adapt = _Row(run), {name: _Row(run) for name in drafters}
+        for f in run_feats:
+            bar.advance(task)
+            ref = _decode([base, run_base], engine, policy, f, None, _fixed(0), Greedy(), None).tokens
+            for name in drafters:
+                for k in ks:
+                    _decode([fixed[(name, k)]], engine, policy, f, models[name], _fixed(k), Greedy(), ref)
+                _decode([adapt[name], run_adapt[name]], engine, policy, f, models[name], adaptive[name], Greedy(),
+                        ref)
+        per_run_rates[run] = {name: round(run_adapt[name].tokens_per_s() / run_base.tokens_per_s(), 3)
+                              for name in drafters}
+    bar.stop()
+    base.identical = base.chunks  # the reference itself
+    rows = [base.summary(policy, offsets)]
+    best_overall = None
+    for name in drafters:
+        best_k = max(ks, key=lambda k: fixed[(name, k)].tokens_per_s())
+        row = fixed[(name, best_k)]
+        rows.append(row.summary(policy, offsets) | {"k": best_k})
+        rows.append(adapt[name].summary(policy, offsets) | {
+            "vs_best_fixed": round(adapt[name].tokens_per_s() / row.tokens_per_s(), 3),
+            "per_run_vs_target_only": {run: r[name] for run, r in per_run_rates.items()}})
+        if best_overall is None or row.tokens_per_s() > fixed[best_overall].tokens_per_s():
+            best_overall = (name, best_k)
+    name, k = best_overall
+    relaxed, sampled = _Row(f"{name} k={k} relaxed +/-1 bin", lossy=True), _Row(f"{name} k={k} sampling T=1")
+    rule = Sampling(temperature=1.0, seed=0)
+    for f, ref in zip(feats, base.decoded):
+        _decode([relaxed], engine, policy, f, models[name], _fixed(k), Relaxed(1), ref)
+        _decode([sampled], engine, policy, f, models[name], _fixed(k), rule, None)
+    rows.append(relaxed.summary(policy, offsets) | {"k": k})
+    rows.append(sampled.summary(policy, offsets, exact_by="chi-square test (tests/test_sampling.py)") | {"k": k})
+    for r in rows:
+        r["speedup"] = round(r["tokens_per_s"] / rows[0]["tokens_per_s"], 3)
+    if peer:
+        rows += _peer_rows(console)
+    return {"rows": rows, "adaptive_per_run": per_run_rates,
+            "config": {"backend": backend, "data_dir": str(data_dir), "per_run": per_run, "ks": list(ks),
+                       "chunks": len(feats), "drafters": list(drafters)}}
+
+
+def _peer_rows(console: Console) -> list[dict]:
+    try:
+        from edgeinfer.engines.hf_peer import compare_with_hf_assisted
+    except ImportError as e:  # transformers is optional
+        console.print(f"peer rows skipped: {e}")
+        return []
+    with console.status("Hugging Face assisted generation on the llama-style pair"):
+        return [r | {"peer": True} for r in compare_with_hf_assisted()["rows"]]
+
+
+def print_table(result: dict, console: Console | None = None) -> None:
+    console = console or Console(width=150)
+    t = Table(title=f"edgeinfer bench spec ({result['config']['chunks']} held-out chunks, "
+                    f"{result['config']['backend']} target)")
+    for col in ("name", "tokens/s", "x target-only", "passes/chunk", "acceptance", "action RMSE mrad", "exact"):
+        t.add_column(col, justify="left" if col == "name" else "right")
+    for r in result["rows"]:
+        rmse = r.get("action_rmse_rad")
+        t.add_row(r["name"], f"{r['tokens_per_s']:.0f}", f"{r['speedup']:.2f}" if "speedup" in r else "-",
+                  f"{r['target_passes_per_chunk']:.2f}" if r.get("target_passes_per_chunk") else "-",
+                  f"{r['acceptance_rate']:.3f}" if r.get("acceptance_rate") is not None else "-",
+                  f"{rmse * 1e3:.4f}" if rmse is not None else "-",
+                  ("yes" if r["exact"] else "NO") + (" (lossy)" if r.get("exact_by") == "lossy" else ""))
+    console.print(t)
+    for r in result["rows"]:
+        if "per_run_vs_target_only" in r:
+            runs = r["per_run_vs_target_only"]
+            worst = min(runs, key=runs.get)
+            console.print(f"{r['name']}: {r['vs_best_fixed']:.3f}x its best fixed k; worst held-out run "
+                          f"{worst} at {runs[worst]:.2f}x target-only")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="edgeinfer bench spec", description=__doc__.split("\n")[0])
+    ap.add_argument("--json", type=Path, default=None, help="write the rows here")
+    ap.add_argument("--data-dir", type=Path, default=None,
+                    help="Schunk runs (default $EDGEINFER_DATA_DIR or ../shared/data/schunk_lwa4p)")
+    ap.add_argument("--per-run", type=int, default=12, help="consecutive chunks per held-out run (20 runs)")
+    ap.add_argument("--backend", default="torch", help="target engine backend (default torch, the reference)")
+    ap.add_argument("--drafters", default=None, help="comma separated (default: every registered drafter)")
+    ap.add_argument("--no-peer", action="store_true", help="skip the Hugging Face assisted-generation peer")
+    args = ap.parse_args(argv)
+    drafters = tuple(args.drafters.split(",")) if args.drafters else None
+    result = bench_spec(data_dir=args.data_dir, per_run=args.per_run, drafters=drafters, backend=args.backend,
+                        peer=not args.no_peer)
+    print_table(result)
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(result["rows"], indent=2) + "\n")  # one entry per row
+    return 0
