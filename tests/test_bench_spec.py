@@ -1,0 +1,46 @@
+"""`edgeinfer bench spec`: a seconds-long run on held-out real runs; structure and consistency, never timings."""
+import json
+import subprocess
+import sys
+
+import pytest
+from edgeinfer.bench_spec import bench_spec
+from rich.console import Console
+
+
+@pytest.fixture(scope="module")
+def result(schunk_dir):
+    return bench_spec(data_dir=schunk_dir, per_run=1, drafters=("kinematic",), ks=(1, 4), peer=False,
+                      console=Console(quiet=True))
+
+
+def test_rows_are_complete_and_consistent(result):
+    rows = {r["name"]: r for r in result["rows"]}
+    base = rows["target-only"]
+    assert base["target_passes_per_chunk"] == 48 and base["speedup"] == 1.0 and base["exact"]
+    assert base["acceptance_rate"] is None and base["chunks"] == 20  # one chunk from each held-out run
+    fixed = next(r for r in result["rows"] if r["name"].startswith("kinematic k="))
+    assert fixed["k"] in (1, 4) and fixed["exact"] and 0 < fixed["acceptance_rate"] < 1
+    assert fixed["target_passes_per_chunk"] < 48
+    assert fixed["action_rmse_rad"] == base["action_rmse_rad"]  # exact: the very same actions
+    adaptive = rows["kinematic adaptive"]
+    assert adaptive["exact"] and len(adaptive["per_run_vs_target_only"]) == 20 and adaptive["vs_best_fixed"] > 0
+    relaxed = next(r for r in result["rows"] if "relaxed" in r["name"])
+    assert not relaxed["exact"] and relaxed["exact_by"] == "lossy"
+    sampled = next(r for r in result["rows"] if "sampling" in r["name"])
+    assert sampled["exact"] and "chi-square" in sampled["exact_by"]
+    for r in result["rows"]:
+        assert r["tokens_per_s"] > 0 and r["action_rmse_rad"] > 0
+
+
+def test_cli_writes_one_entry_per_row(schunk_dir, tmp_path):
+    out = tmp_path / "spec.json"
+    proc = subprocess.run([sys.executable, "-m", "edgeinfer", "bench", "spec", "--data-dir", str(schunk_dir),
+                           "--per-run", "1", "--drafters", "kinematic", "--no-peer", "--json", str(out)],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    rows = json.loads(out.read_text())
+    assert isinstance(rows, list) and len(rows) >= 5
+    for r in rows:
+        assert {"name", "tokens_per_s", "target_passes_per_chunk", "acceptance_rate", "exact"} <= set(r)
+    assert "target-only" in proc.stdout
