@@ -4,8 +4,9 @@ import subprocess
 import sys
 
 import pytest
-from edgeinfer.bench_spec import bench_spec
 from rich.console import Console
+
+from edgeinfer.bench_spec import bench_spec
 
 
 @pytest.fixture(scope="module")
