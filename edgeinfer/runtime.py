@@ -19,6 +19,7 @@ import numpy as np
 import zmq
 
 from edgeinfer import transport
+from edgeinfer.acceptance import Greedy, Relaxed, Sampling
 from edgeinfer.clock import now_ns, pin_to_cpus
 from edgeinfer.engines.build import load_engine
 from edgeinfer.engines.drafters import DRAFTERS, make_drafter
@@ -44,6 +45,13 @@ class RuntimeConfig:
     device: str = "cpu"
     decode: Literal["speculative", "target-only"] = "speculative"
     drafter: str = "kinematic"
+    # greedy: exact; sampling: exact in distribution (temperature, top_p, seed); relaxed: LOSSY, drafts kept
+    # within relax_bins bins of the target's choice (edgeinfer.acceptance)
+    acceptance: Literal["greedy", "sampling", "relaxed"] = "greedy"
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int = 0
+    relax_bins: int = 1
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     warmup_chunks: int = 30
     threads: int = 1
@@ -59,12 +67,19 @@ class RuntimeConfig:
             raise ValueError(f"RuntimeConfig.decode must be one of {DECODES}, got {self.decode!r}")
         if self.drafter not in DRAFTERS:
             raise ValueError(f"RuntimeConfig.drafter must be one of {sorted(DRAFTERS)}, got {self.drafter!r}")
+        self.rule()  # validates temperature, top_p, relax_bins
         if self.threads < 1:
             raise ValueError(f"RuntimeConfig.threads must be >= 1, got {self.threads}")
         if not self.idle_timeout_s > 0:
             raise ValueError(f"RuntimeConfig.idle_timeout_s must be > 0, got {self.idle_timeout_s}")
         if self.replan_every_ticks < 1:
             raise ValueError(f"RuntimeConfig.replan_every_ticks must be >= 1, got {self.replan_every_ticks}")
+
+    def rule(self) -> Greedy | Relaxed | Sampling:
+        """The acceptance rule this configuration asks for (a fresh one: Sampling carries its own rng)."""
+        if self.acceptance == "sampling":
+            return Sampling(self.temperature, self.top_p, self.seed)
+        return Relaxed(self.relax_bins) if self.acceptance == "relaxed" else Greedy()
 
 
 class PolicyRuntime:
@@ -75,6 +90,7 @@ class PolicyRuntime:
         self.policy = load_policy(cfg.policy)
         self.engine = load_engine(self.policy, cfg.backend, cfg.precision, cfg.device, threads=cfg.threads)
         self.drafter = make_drafter(cfg.drafter, self.policy)
+        self.rule = cfg.rule()
         k_max = cfg.scheduler.k_max if cfg.decode == "speculative" else 0
         self.planner = TickPlanner(dataclasses.replace(cfg.scheduler, k_max=k_max))
         self.n_chunks = 0
@@ -105,7 +121,7 @@ class PolicyRuntime:
         if drafter is not None:
             drafter.reset(obs.q_rad, obs.qd_rad_s, obs.q_prev_rad)
         res = speculative_decode(self.engine, p.features(obs.q_rad, obs.qd_rad_s, obs.q_prev_rad),
-                                 p.cfg.n_tokens, drafter, self.planner)
+                                 p.cfg.n_tokens, drafter, self.planner, self.rule)
         tokens = res.tokens
         if res.complete:
             rung = "full"
