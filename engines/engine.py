@@ -6,6 +6,8 @@ An engine is the target policy compiled for one backend, precision and device, d
     engine.forward(obs, tokens, start) -> logits (T, n_bins) float32
         One target pass over sequence positions start .. start+T-1.
         start == 0 (prefill): obs (obs_dim,) float32 fills position 0 and tokens fill positions 1..;
+        for a token-prefix model (engines/model_protocol.py, prefix kind "tokens") obs is the prompt (P,)
+        int, which plays position 0's role: the prefill's row 0 predicts the first generated token;
         start >= 1: obs is None and tokens (T of them) fill positions start.. .
         Logits row i predicts action token start + i (position p predicts token p).
     engine.rollback(n)
@@ -23,10 +25,9 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-from typing import Protocol, Sequence
+from typing import Any, Protocol, Sequence
 
 import numpy as np
-from edgeinfer.engines.model import PolicyConfig
 
 PRECISIONS = ("fp32", "bf16", "fp8")
 BUILDS = {"torch": PRECISIONS, "onnxruntime": ("fp32",), "tensorrt": ("fp32", "fp8")}  # precisions per backend
@@ -43,7 +44,7 @@ class Engine(Protocol):
     backend: str
     precision: str
     device: str
-    cfg: PolicyConfig
+    cfg: Any  # the model's config (PolicyConfig for the action policy): the decoder never reads it
 
     def forward(self, obs: np.ndarray | None, tokens: Sequence[int], start: int) -> np.ndarray: ...
 
