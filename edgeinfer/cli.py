@@ -9,6 +9,7 @@ from pathlib import Path
 from edgeinfer.config_cli import add_options, build, load_launch
 from edgeinfer.control.loop import ControlConfig
 from edgeinfer.engines.build import BuildConfig
+from edgeinfer.engines.distill import DistillConfig
 from edgeinfer.engines.train import TrainConfig
 from edgeinfer.runtime import RuntimeConfig
 from edgeinfer.sim.replay import ReplayConfig
@@ -27,6 +28,8 @@ def main(argv: list[str] | None = None) -> int:
     add_options(p, ControlConfig, Endpoints)
     p = sub.add_parser("train", help="train the target policy on the Schunk recordings")
     add_options(p, TrainConfig)
+    p = sub.add_parser("distill", help="distill the learned drafter from the target on the training runs")
+    add_options(p, DistillConfig)
     p = sub.add_parser("build", help="build an engine (backend, precision, device), gated on held-out quality")
     add_options(p, BuildConfig)
     p = sub.add_parser("bench", help="benchmarks: `bench engines` (backends and precisions), `bench spec` "
@@ -88,6 +91,14 @@ def _run(args, parser) -> int:
         from edgeinfer.engines.bench_engines import main as bench_engines
 
         return bench_engines(args.rest)
+    if args.command == "distill":
+        from edgeinfer.engines.distill import distill
+        from edgeinfer.engines.policy import load_policy
+
+        cfg = build(DistillConfig, args)
+        draft = distill(load_policy(), cfg)
+        print(f"wrote {cfg.out}; held-out: {draft.manifest.get('metrics_held_out')}")
+        return 0
     if args.command == "build":
         from edgeinfer.engines.build import build as build_engine
 

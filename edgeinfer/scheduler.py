@@ -169,19 +169,28 @@ class TickPlanner:
 
     def best_k(self) -> int:
         """The k in 0..k_max with the most expected tokens per second (see the module docstring), chosen at
-        the start of each chunk; an unmeasured k costs 0, so each is tried once. Speculation off (0) is
-        probed with k = 1 every probe_every chunks."""
+        the start of each chunk (unmeasured k: see _pass_costs). Speculation off (0) is probed with k = 1 every
+        probe_every chunks."""
         tokens = self.acceptance.expected_tokens()
-        rates = [tokens[k] / max(1.0, self.latency.estimate_ns("draft", k, 0.5)
-                                 + self.latency.estimate_ns("verify", k, 0.5))
-                 for k in range(self.cfg.k_max + 1)]
-        k = int(np.argmax(rates))
+        k = int(np.argmax(tokens / self._pass_costs()))
         if k == 0 and self.cfg.k_max > 0:
             self._since_probe += 1
             if self._since_probe >= self.cfg.probe_every:
                 self._since_probe = 0
                 return 1
         return k
+
+    def _pass_costs(self) -> np.ndarray:
+        """Median cost (ns) of a draft + verify pass for k = 0..k_max, (k_max + 1,). Costs grow about
+        linearly in k, so an unmeasured k is interpolated between measured ones (np.interp: flat past the
+        ends), and with one measured k or none every k is costed like the cheapest known pass: optimistic,
+        so the next chunk tries the largest k and the line gets its second point."""
+        lat, ks = self.latency, np.arange(self.cfg.k_max + 1)
+        known = [k for k in ks if lat.count("verify", k)]
+        costs = [lat.estimate_ns("draft", k, 0.5) + lat.estimate_ns("verify", k, 0.5) for k in known]
+        if len(known) < 2:
+            return np.full(len(ks), max(1.0, min(costs, default=1.0)))
+        return np.maximum(1.0, np.interp(ks, known, costs))
 
     def record(self, op: str, k: int, value: int) -> None:
         if op == "accepted":
