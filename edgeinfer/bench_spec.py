@@ -132,7 +132,7 @@ def bench_spec(policy: Policy | None = None, data_dir: Path | None = None, per_r
     fixed = {(name, k): _Row(f"{name} k={k}") for name in drafters for k in ks}
     adapt = {name: _Row(f"{name} adaptive") for name in drafters}
     per_run_rates = {}
-    warm = min(5, len(feats))
+    warm = min(10, len(feats))
     with console.status("warming up"):
         for f in feats[:warm]:  # first calls pay one-off costs; adaptive planners learn their costs
             _decode([], engine, policy, f, None, _fixed(0), Greedy(), None)
