@@ -37,6 +37,20 @@ class Planner(Protocol):
         """op "prefill" | "draft" | "verify": a duration in ns; "accepted": drafts kept by a pass of k."""
 
 
+class FixedK:
+    """A Planner without a budget: k drafts per pass after the prefill (k = 0: target-only) and no
+    bookkeeping, so timings are the engine's and the drafter's alone. For tests and benchmarks."""
+
+    def __init__(self, k: int):
+        self.k = k
+
+    def plan(self, committed: int, remaining: int) -> int:
+        return 0 if committed == 0 else self.k
+
+    def record(self, op: str, k: int, value: int) -> None:
+        pass
+
+
 @dataclass
 class DecodeResult:
     """tokens: committed (target-verified) action tokens, in order. complete: all n_tokens produced."""

@@ -35,7 +35,7 @@ from edgeinfer.engines.drafters import KinematicDrafter
 from edgeinfer.engines.engine import BUILDS, PRECISIONS, unavailable_reason
 from edgeinfer.engines.policy import load_policy
 
-from edgeinfer.speculative import speculative_decode
+from edgeinfer.speculative import FixedK, speculative_decode
 
 VERIFY_KS = (1, 2, 4, 8, 16)
 SPEC_K = 4
@@ -45,19 +45,6 @@ METRICS = ("per_token_us_p50", "per_token_us_p99", "verify_us_p50", "chunk_us_p5
            "spec_chunk_us_p50", "spec_tokens_per_pass", "spec_equals_greedy", "max_abs_logit_diff",
            "teacher_forced_agreement", "token_agreement", "action_rmse_rad")
 
-
-class _FixedK:
-    """Planner without a budget: k drafts per pass (0 = target-only) and no bookkeeping, so the timings
-    are the engine's (the runtime's TickPlanner adds its own quantile estimates per pass)."""
-
-    def __init__(self, k: int):
-        self.k = k
-
-    def plan(self, committed: int, remaining: int) -> int:
-        return 0 if committed == 0 else self.k
-
-    def record(self, op: str, k: int, duration_ns: int) -> None:
-        pass
 
 
 def _us(samples_ns: list[int], q: float) -> float:
@@ -79,7 +66,7 @@ def reference(policy, obs: np.ndarray, threads: int = 1) -> tuple[np.ndarray, np
     n = policy.cfg.n_tokens
     tokens, logits = np.zeros((len(obs), n), np.int64), []
     for i, o in enumerate(obs):
-        tokens[i] = speculative_decode(engine, o, n, None, _FixedK(0)).tokens
+        tokens[i] = speculative_decode(engine, o, n, None, FixedK(0)).tokens
         logits.append(_teacher_forced(engine, o, tokens[i]))
     return tokens, np.stack(logits)
 
@@ -118,11 +105,11 @@ def measure(engine, policy, obs: np.ndarray, feats: np.ndarray, offsets: np.ndar
     for i in range(-min(WARMUP, len(obs)), len(obs)):
         o = obs[max(i, 0)]
         t0 = perf()
-        res = speculative_decode(engine, o, n, None, _FixedK(0))
+        res = speculative_decode(engine, o, n, None, FixedK(0))
         t1 = perf()
         f = feats[max(i, 0)]
         drafter.reset(np.zeros(d), f[d:2 * d], -f[2 * d:3 * d])  # the drafter only reads q - q_prev
-        spec = speculative_decode(engine, o, n, drafter, _FixedK(SPEC_K))
+        spec = speculative_decode(engine, o, n, drafter, FixedK(SPEC_K))
         t2 = perf()
         if i >= 0:
             greedy.append(res.tokens)
@@ -255,7 +242,7 @@ def bench_engines(policy=None, backends=("torch", "onnxruntime"), precisions=PRE
                 row.update(metrics, fp8_kernel=getattr(engine, "fp8_kernel", None))
                 if graphs:  # exactness: the same tokens as the same engine without graphs
                     engine = _open(policy, backend, precision, device, threads, False, compile)
-                    eager = [speculative_decode(engine, o, len(greedy[0]), None, _FixedK(0)).tokens for o in obs]
+                    eager = [speculative_decode(engine, o, len(greedy[0]), None, FixedK(0)).tokens for o in obs]
                     row["graphs_equal_eager"] = float(np.mean([e == g.tolist() for e, g in zip(eager, greedy)]))
             except Exception as e:  # one failing engine is a row, not the end of the bench
                 row["error"] = f"{type(e).__name__}: {e}"

@@ -10,22 +10,10 @@ from edgeinfer.engines.evaluate import greedy_decode_batch
 from edgeinfer.engines.policy import load_policy
 from edgeinfer.engines.torch_engine import TorchEngine
 
-from edgeinfer.speculative import speculative_decode
+from edgeinfer.speculative import FixedK, speculative_decode
 
 NAMES = ("kinematic", "early-exit", "learned")
 
-
-class FixedK:
-    """Planner without a budget: k drafts per target pass after the prefill."""
-
-    def __init__(self, k):
-        self.k = k
-
-    def plan(self, committed, remaining):
-        return 0 if committed == 0 else self.k
-
-    def record(self, op, k, duration_ns):
-        pass
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ import pytest
 from scipy.stats import chisquare
 
 from edgeinfer.acceptance import Greedy, Relaxed, Sampling, softmax
-from edgeinfer.speculative import speculative_decode
+from edgeinfer.speculative import FixedK, speculative_decode
 
 N_BINS, N_TOKENS = 4, 4
 
@@ -60,16 +60,6 @@ class MarkovDrafter:
             qs.append(q)
         return out[len(tokens):], np.array(qs)
 
-
-class FixedK:
-    def __init__(self, k):
-        self.k = k
-
-    def plan(self, committed, remaining):
-        return self.k
-
-    def record(self, *args):
-        pass
 
 
 class WrongResidual(Sampling):

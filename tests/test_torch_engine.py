@@ -9,7 +9,7 @@ from edgeinfer.engines.fp8 import E4M3_MAX, Fp8Linear, dequantise, quantise, qua
 from edgeinfer.engines.torch_engine import TorchEngine
 from torch import nn
 
-from edgeinfer.speculative import speculative_decode
+from edgeinfer.speculative import FixedK, speculative_decode
 
 CUDA = torch.cuda.is_available()
 requires_cuda = pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
@@ -46,18 +46,6 @@ def _teacher_forced(engine, obs: np.ndarray, tokens) -> np.ndarray:
     rows += [engine.forward(None, (int(tokens[p - 1]),), p)[-1] for p in range(1, len(tokens))]
     return np.stack(rows)
 
-
-class _FixedK:
-    """Planner without a budget: k drafts per pass."""
-
-    def __init__(self, k):
-        self.k = k
-
-    def plan(self, committed, remaining):
-        return 0 if committed == 0 else self.k
-
-    def record(self, op, k, duration_ns):
-        pass
 
 
 def _rmse(policy, tokens, offsets) -> float:
@@ -203,7 +191,7 @@ def test_cuda_graphs_decode_exactly_as_eager(policy, gpu_obs, precision):
         assert diff <= 1e-3, f"max |logit difference| {diff}"
         for k in (4, 16):  # verify passes of 5 and 17 tokens replay their own graphs
             drafter.reset(np.zeros(d), f[d:2 * d], -f[2 * d:3 * d])
-            assert speculative_decode(graphs, o, n, drafter, _FixedK(k)).tokens == tokens
+            assert speculative_decode(graphs, o, n, drafter, FixedK(k)).tokens == tokens
         assert graphs.greedy_chunk(o) == tokens  # the whole chunk as one graph replay
 
 
