@@ -225,6 +225,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--drafters", default=None, help="comma separated (default: every registered drafter)")
     ap.add_argument("--no-peer", action="store_true", help="skip the Hugging Face assisted-generation peer")
     args = ap.parse_args(argv)
+    if args.per_run < 1:
+        ap.error(f"--per-run must be >= 1, got {args.per_run}")
     drafters = tuple(args.drafters.split(",")) if args.drafters else None
     result = bench_spec(data_dir=args.data_dir, per_run=args.per_run, drafters=drafters, backend=args.backend,
                         peer=not args.no_peer)

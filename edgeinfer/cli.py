@@ -44,7 +44,8 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except (ValueError, OSError, TimeoutError, RuntimeError, KeyError) as e:
         # configuration, data and start-up errors already name their field, file or process: no traceback
-        print(f"edgeinfer {args.command}: error: {e}", file=sys.stderr)
+        text = e.args[0] if isinstance(e, KeyError) and e.args else e  # KeyError's str() adds quotes
+        print(f"edgeinfer {args.command}: error: {text}", file=sys.stderr)
         return 2
 
 

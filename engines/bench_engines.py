@@ -354,8 +354,9 @@ def headline(rows: list[dict]) -> list[str]:
                          f"{spec_ms:.3f} ms){goal}")
         if fp8 and bf16:
             lines.append(f"{label}: FP8 vs bf16: chunk {fp8['chunk_us_p50'] / 1e3:.3f} vs "
-                         f"{bf16['chunk_us_p50'] / 1e3:.3f} ms (x{bf16['chunk_us_p50'] / fp8['chunk_us_p50']:.2f} "
-                         f"speed-up), token agreement with fp32 {fp8['token_agreement']:.3f} vs "
+                         f"{bf16['chunk_us_p50'] / 1e3:.3f} ms "
+                         f"(FP8 at x{bf16['chunk_us_p50'] / fp8['chunk_us_p50']:.2f} bf16's speed), "
+                         f"token agreement with fp32 {fp8['token_agreement']:.3f} vs "
                          f"{bf16['token_agreement']:.3f}, action RMSE {fp8['action_rmse_rad']:.6f} vs "
                          f"{bf16['action_rmse_rad']:.6f} rad")
     for g in rows:
@@ -400,6 +401,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.n_obs < 1 or args.n_iters < 1 or args.threads < 1:
         ap.error("--n-obs, --n-iters and --threads must be >= 1")
     split = lambda s: tuple(x.strip() for x in s.split(",") if x.strip())  # noqa: E731
+    from edgeinfer.engines.engine import BACKENDS
+
+    for name, given, known in (("backends", split(args.backends), BACKENDS), ("precisions", split(args.precisions),
+                                                                              PRECISIONS)):
+        if not given or set(given) - set(known):
+            ap.error(f"--{name}: unknown {sorted(set(given) - set(known)) or 'none given'}; known: {sorted(known)}")
     result = bench_engines(backends=split(args.backends), precisions=split(args.precisions), device=args.device,
                            n_obs=args.n_obs, json_out=args.json, n_iters=args.n_iters, threads=args.threads,
                            cuda_graphs=args.cuda_graphs, data_dir=args.data_dir, compile=args.compile)

@@ -68,9 +68,9 @@ def held_out_windows(policy, data_dir: str | Path | None = None, split: str = "h
     Raises FileNotFoundError naming the directory when require_real and no such run is there."""
     cfg = policy.cfg
     root = resolve_data_dir(data_dir)
-    feats, offsets, source = _windows(str(root), cfg.horizon, cfg.stride_ticks, split)
-    if require_real and source.startswith("synthetic"):
+    if require_real and not (root.is_dir() and any(split_of(n) == split for n in list_schunk_runs(root))):
         raise FileNotFoundError(f"no {split} Schunk runs (measurement_N folders) under {root}")
+    feats, offsets, source = _windows(str(root), cfg.horizon, cfg.stride_ticks, split)
     return feats, offsets, source
 
 

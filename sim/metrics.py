@@ -52,7 +52,8 @@ def summarize(rec, log, cfg, deadline_ms: float, stride: int) -> tuple[dict, dic
         "rate_hz": round(log.rate_hz, 3),
         "deadline_ms": deadline_ms,
         "decode": "bring-your-own" if byo else cfg.runtime.decode,
-        "engine": (f"{Path(cfg.runtime.byo_model or cfg.runtime.byo_spec).name} via {cfg.runtime.byo_spec.name}" if byo
+        "engine": (f"{Path(cfg.runtime.byo_model).name if cfg.runtime.byo_model else 'the model'} of "
+                   f"{cfg.runtime.byo_spec.name}" if byo
                    else f"{cfg.runtime.backend} {cfg.runtime.precision} {cfg.runtime.device}"),
         "drafter": cfg.runtime.drafter if cfg.runtime.decode == "speculative" and not byo else None,
         "budget_ms": cfg.runtime.scheduler.budget_ms,

@@ -143,7 +143,7 @@ def test_real_ur10_policy_runs_in_the_replay_loop(schunk_dir, tmp_path, model):
                        runtime=RuntimeConfig(byo_spec=spec_path, byo_model=ur10))
     report = replay(cfg, Console(quiet=True))
     _check_accounting(report)
-    assert report["decode"] == "bring-your-own" and report["engine"] == f"{model} via ur10_reach_policy.toml"
+    assert report["decode"] == "bring-your-own" and report["engine"] == f"{model} of ur10_reach_policy.toml"
     assert report["commands_received"] == report["observations_sent"] == 937
     # one chunk per 8 control ticks (30 Hz policy at 250 Hz): about 937 / 8 chunks, all verified ("full")
     assert 100 <= report["chunks"]["received"] <= 118
