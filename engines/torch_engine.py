@@ -123,10 +123,9 @@ class TorchEngine:
         feeds the next pass, and one copy brings the tokens back (captured on first use). The same tokens as
         a pass-by-pass decode (argmax of the same logits, first index on ties). Elsewhere: pass by pass."""
         if not self.cuda_graphs:
-            tokens = [int(self.forward(obs, (), 0)[-1].argmax())]
-            while len(tokens) < self.cfg.n_tokens:
-                tokens.append(int(self.forward(None, tokens[-1:], len(tokens))[-1].argmax()))
-            return tokens
+            from edgeinfer.engines.quality import greedy_chunk
+
+            return greedy_chunk(self, obs, self.cfg.n_tokens)
         with torch.inference_mode():
             if self._chunk_graph is None:
                 self._chunk_graph = self._capture(0)
