@@ -1,0 +1,74 @@
+"""Measurement floors: what the bare transport costs, so edgeinfer's own overhead can be read against it.
+
+`raw_zmq_round_trip_ns` is the floor for an observation -> command round trip: a plain pyzmq REQ/REP
+echo over loopback TCP between two processes, with no edgeinfer code on the path.
+"""
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import numpy as np
+import zmq
+
+# The echo peer: a REP socket that sends every request straight back. A separate process, as edgeinfer's
+# nodes are, so that neither side shares a GIL with the other.
+_ECHO = """
+import sys, zmq
+ctx = zmq.Context()
+rep = ctx.socket(zmq.REP)
+rep.setsockopt(zmq.LINGER, 0)
+port = rep.bind_to_random_port("tcp://127.0.0.1")
+print(port, flush=True)
+while True:
+    frames = rep.recv_multipart(copy=False)
+    if len(frames) == 1 and frames[0].bytes == b"stop":
+        rep.send(b"stop")
+        break
+    rep.send_multipart(frames, copy=False)
+ctx.destroy(linger=0)
+"""
+
+
+def raw_zmq_round_trip_ns(payload_bytes: int, n: int, idle_gap_ms: float = 0.0, warmup: int = 50) -> np.ndarray:
+    """Round-trip times (ns, shape (n,), int64) of a raw pyzmq REQ/REP echo over tcp://127.0.0.1.
+
+    Each request is one frame of `payload_bytes` bytes, echoed back by a REP socket in a child process;
+    `idle_gap_ms` of sleep separates consecutive requests (0: back to back), which exposes the wake-up
+    cost after idle. `warmup` untimed round trips come first (connection set-up, page faults).
+    Timed with time.perf_counter_ns (CLOCK_MONOTONIC). Raises ValueError for a negative size/gap or
+    n < 1, RuntimeError when the echo process does not start.
+    """
+    if payload_bytes < 0 or n < 1 or idle_gap_ms < 0 or warmup < 0:
+        raise ValueError(f"need payload_bytes >= 0, n >= 1, idle_gap_ms >= 0, warmup >= 0; got "
+                         f"{payload_bytes}, {n}, {idle_gap_ms}, {warmup}")
+    peer = subprocess.Popen([sys.executable, "-c", _ECHO], stdout=subprocess.PIPE, text=True)
+    ctx = zmq.Context()
+    try:
+        line = peer.stdout.readline()
+        if not line.strip().isdigit():
+            raise RuntimeError(f"raw zmq echo process did not start (exit code {peer.poll()})")
+        req = ctx.socket(zmq.REQ)
+        req.setsockopt(zmq.LINGER, 0)
+        req.connect(f"tcp://127.0.0.1:{int(line)}")
+        payload = np.random.default_rng(0).integers(0, 256, payload_bytes, dtype=np.uint8).tobytes()
+        out = np.empty(n, dtype=np.int64)
+        for i in range(-warmup, n):
+            if idle_gap_ms > 0 and i >= 0:
+                time.sleep(idle_gap_ms / 1000)
+            t = time.perf_counter_ns()
+            req.send(payload, copy=False)
+            req.recv(copy=False)
+            if i >= 0:
+                out[i] = time.perf_counter_ns() - t
+        req.send(b"stop")
+        req.recv()
+        return out
+    finally:
+        ctx.destroy(linger=0)
+        try:
+            peer.wait(timeout=2)
+        except subprocess.TimeoutExpired:
+            peer.kill()
+            peer.wait()
