@@ -18,12 +18,20 @@ A Hello received on a SUB proves that subscription is live on the publisher, so 
 message on that socket can be lost to the slow joiner (only to a full HWM). Where a peer
 subscribes to several publishers, each of them must be publishing Hellos while the peer waits.
 Hellos may still be queued on a SUB after the handshake: consumers skip `Hello` messages.
+
+Security: endpoints are loopback unless a caller passes others. A non-loopback endpoint (or any, with
+curve="on") uses ZeroMQ CURVE (RFC 26 CurveZMQ: encryption and, through a ZAP handler, client
+authentication) with the keys `edgeinfer keys DIR` writes (edgeinfer.keys): every bound socket is a CURVE
+server, every connecting socket a client whose public key must sit in DIR/authorized_clients.
 """
 
+import ipaddress
 import socket
 import time
+from collections import Counter
 from dataclasses import dataclass
-from typing import Any, Callable
+from pathlib import Path
+from typing import Any, Callable, Literal
 
 import zmq
 
@@ -31,6 +39,8 @@ from edgeinfer.wire import Hello, Message, WireError, decode, encode
 
 DEFAULT_HWM = 100
 HELLO_PERIOD_MS = 10
+MAX_MESSAGE_BYTES = 4 * 1024 * 1024  # ZMQ_MAXMSGSIZE of receiving sockets: libzmq drops a peer sending more
+RECONNECT_IVL_MS = 10  # a restarted peer is reconnected to within about this (libzmq's default is 100 ms)
 
 
 @dataclass
@@ -41,15 +51,40 @@ class Endpoints:
     chunks: str  # ActionChunk, runtime PUB -> control (and replayer) SUBs
     commands: str  # JointCommand, control -> replayer
     ready: str  # handshake: peers PUSH Hello -> coordinator PULL
+    status: str | None = None  # control loop's Heartbeat, ErrorEvent, Stats (PUB bound by control); None: off
+    curve: Literal["auto", "on", "off"] = "auto"  # auto: CURVE when an endpoint is not loopback and keys are given
+    curve_dir: Path | None = None  # keys written by `edgeinfer keys DIR`
+
+    def __post_init__(self):
+        self.curve_dir = Path(self.curve_dir) if self.curve_dir is not None else None
+        if self.curve == "on" and self.curve_dir is None:
+            raise ValueError("Endpoints.curve='on' needs curve_dir (make keys with `edgeinfer keys DIR`)")
+
+    def all(self) -> list[str]:
+        return [e for e in (self.obs, self.chunks, self.commands, self.ready, self.status) if e]
+
+    def curve_keys(self) -> "CurveKeys | None":
+        """The CURVE keys every socket of this run uses, or None for plain TCP (see the module docstring).
+        Raises ValueError for a non-loopback endpoint with curve="auto" and no keys: nothing unencrypted
+        leaves the host unless curve="off" says so."""
+        if self.curve == "off":
+            return None
+        remote = [e for e in self.all() if not is_loopback(e)]
+        if self.curve == "auto" and not remote:
+            return None
+        if self.curve_dir is None:
+            raise ValueError(f"Endpoints: {remote} are not loopback: give curve_dir (keys from `edgeinfer keys "
+                             "DIR`) or set curve='off' to send unencrypted")
+        return CurveKeys.load(self.curve_dir)
 
     @classmethod
     def free_loopback(cls) -> "Endpoints":
-        """Four distinct free TCP ports on 127.0.0.1 (asked of the kernel via port 0).
+        """Five distinct free TCP ports on 127.0.0.1 (asked of the kernel via port 0).
 
         The ports are released before return, so another process could take one in between;
         good enough for tests and single-host runs.
         """
-        socks = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(4)]
+        socks = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(5)]
         try:
             for s in socks:  # all held open at once so the four ports differ
                 s.bind(("127.0.0.1", 0))
@@ -60,7 +95,65 @@ class Endpoints:
         return cls(*(f"tcp://127.0.0.1:{p}" for p in ports))
 
 
-def _socket(ctx: zmq.Context, kind: int, endpoint: str, bind: bool, hwm: int) -> zmq.Socket:
+def is_loopback(endpoint: str) -> bool:
+    """True for ipc://, inproc:// and tcp:// on 127.0.0.0/8, ::1 or localhost."""
+    if not endpoint.startswith("tcp://"):
+        return True
+    host = endpoint[len("tcp://"):].rsplit(":", 1)[0].strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # an interface name or a host name: not provably local
+        return False
+
+
+@dataclass
+class CurveKeys:
+    """Z85 CURVE keys (bytes) of a run: the server pair (bound sockets) and a client pair (connecting ones),
+    plus the directory of client public keys the ZAP handler accepts."""
+
+    server_public: bytes
+    server_secret: bytes
+    client_public: bytes
+    client_secret: bytes
+    authorized_dir: Path
+
+    @classmethod
+    def load(cls, key_dir: Path) -> "CurveKeys":
+        """Read DIR/server.key_secret, DIR/client.key_secret (edgeinfer.keys). Raises ValueError naming the
+        file that is missing or unreadable."""
+        import zmq.auth
+
+        pairs = []
+        for name in ("server", "client"):
+            path = Path(key_dir) / f"{name}.key_secret"
+            try:
+                public, secret = zmq.auth.load_certificate(path)
+            except (OSError, ValueError) as e:
+                raise ValueError(f"{path}: cannot read CURVE key ({e}); make keys with `edgeinfer keys "
+                                 f"{key_dir}`") from None
+            if secret is None:
+                raise ValueError(f"{path}: no secret key in this file")
+            pairs += [public, secret]
+        return cls(*pairs, authorized_dir=Path(key_dir) / "authorized_clients")
+
+
+def start_authenticator(ctx: zmq.Context, keys: CurveKeys | None):
+    """For a CURVE run: a ZAP handler thread on `ctx` accepting only the client keys in keys.authorized_dir
+    (stop it with .stop() before destroying the context). None when keys is None."""
+    if keys is None:
+        return None
+    from zmq.auth.thread import ThreadAuthenticator
+
+    auth = ThreadAuthenticator(ctx)
+    auth.start()
+    auth.configure_curve(domain="*", location=str(keys.authorized_dir))
+    return auth
+
+
+def _socket(ctx: zmq.Context, kind: int, endpoint: str, bind: bool, hwm: int,
+            curve: CurveKeys | None = None) -> zmq.Socket:
     if hwm < 1:  # 0 would mean "unbounded" to ZMQ, which we never want
         raise ValueError(f"hwm must be >= 1, got {hwm}")
     sock = ctx.socket(kind)
@@ -68,6 +161,14 @@ def _socket(ctx: zmq.Context, kind: int, endpoint: str, bind: bool, hwm: int) ->
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.SNDHWM, hwm)
         sock.setsockopt(zmq.RCVHWM, hwm)
+        sock.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
+        sock.setsockopt(zmq.RECONNECT_IVL, RECONNECT_IVL_MS)
+        if curve is not None and bind:
+            sock.curve_server = True
+            sock.curve_publickey, sock.curve_secretkey = curve.server_public, curve.server_secret
+        elif curve is not None:
+            sock.curve_serverkey = curve.server_public
+            sock.curve_publickey, sock.curve_secretkey = curve.client_public, curve.client_secret
         if kind == zmq.SUB:
             sock.setsockopt(zmq.SUBSCRIBE, b"")  # before connect, so no message predates it
         if bind:
@@ -80,24 +181,28 @@ def _socket(ctx: zmq.Context, kind: int, endpoint: str, bind: bool, hwm: int) ->
     return sock
 
 
-def pub(ctx: zmq.Context, endpoint: str, bind: bool = True, hwm: int = DEFAULT_HWM) -> zmq.Socket:
+def pub(ctx: zmq.Context, endpoint: str, bind: bool = True, hwm: int = DEFAULT_HWM,
+        curve: CurveKeys | None = None) -> zmq.Socket:
     """PUB socket; raises zmq.ZMQError when the endpoint cannot be bound/connected."""
-    return _socket(ctx, zmq.PUB, endpoint, bind, hwm)
+    return _socket(ctx, zmq.PUB, endpoint, bind, hwm, curve)
 
 
-def sub(ctx: zmq.Context, endpoint: str, bind: bool = False, hwm: int = DEFAULT_HWM) -> zmq.Socket:
+def sub(ctx: zmq.Context, endpoint: str, bind: bool = False, hwm: int = DEFAULT_HWM,
+        curve: CurveKeys | None = None) -> zmq.Socket:
     """SUB socket subscribed to everything."""
-    return _socket(ctx, zmq.SUB, endpoint, bind, hwm)
+    return _socket(ctx, zmq.SUB, endpoint, bind, hwm, curve)
 
 
-def push(ctx: zmq.Context, endpoint: str, bind: bool = False, hwm: int = DEFAULT_HWM) -> zmq.Socket:
+def push(ctx: zmq.Context, endpoint: str, bind: bool = False, hwm: int = DEFAULT_HWM,
+         curve: CurveKeys | None = None) -> zmq.Socket:
     """PUSH socket (connects by default: many pushers, one puller)."""
-    return _socket(ctx, zmq.PUSH, endpoint, bind, hwm)
+    return _socket(ctx, zmq.PUSH, endpoint, bind, hwm, curve)
 
 
-def pull(ctx: zmq.Context, endpoint: str, bind: bool = True, hwm: int = DEFAULT_HWM) -> zmq.Socket:
+def pull(ctx: zmq.Context, endpoint: str, bind: bool = True, hwm: int = DEFAULT_HWM,
+         curve: CurveKeys | None = None) -> zmq.Socket:
     """PULL socket (binds by default)."""
-    return _socket(ctx, zmq.PULL, endpoint, bind, hwm)
+    return _socket(ctx, zmq.PULL, endpoint, bind, hwm, curve)
 
 
 def send(sock: zmq.Socket, msg: Message) -> bool:
@@ -119,23 +224,30 @@ class Receiver:
     """Decoding reader for one socket; malformed messages are counted and skipped, never fatal.
 
     Counters: `received` (valid messages decoded), `malformed` (messages that raised WireError;
-    `last_error` keeps the newest text), `stale_dropped` (older messages discarded by
-    `recv_latest`). The Receiver does not own the socket unless `close()` is called.
+    `malformed_by_kind` per wire.ERROR_KINDS, `last_error` keeps the newest text), `stale_dropped`
+    (older messages discarded by `recv_latest`). `on_error(WireError)`, if given, is called for each
+    malformed message (e.g. to publish a rate-limited ErrorEvent). The Receiver does not own the socket
+    unless `close()` is called.
     """
 
-    def __init__(self, sock: zmq.Socket):
+    def __init__(self, sock: zmq.Socket, on_error: Callable[[WireError], None] | None = None):
         self.sock = sock
         self.received = 0
         self.malformed = 0
+        self.malformed_by_kind: Counter[str] = Counter()
         self.stale_dropped = 0
         self.last_error = ""
+        self.on_error = on_error
 
     def _decode(self, frames: list[Any]) -> Message | None:
         try:
             msg = decode(frames)
         except WireError as e:  # a bad peer must not take the reader down with it
             self.malformed += 1
+            self.malformed_by_kind[e.kind] += 1
             self.last_error = str(e)
+            if self.on_error is not None:
+                self.on_error(e)
             return None
         self.received += 1
         return msg

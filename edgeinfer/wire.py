@@ -12,6 +12,7 @@ CLOCK_MONOTONIC (`time.perf_counter_ns()` on Linux), which every process on one 
 """
 
 import math
+import typing
 from dataclasses import dataclass, fields
 from typing import Any, ClassVar, Sequence
 
@@ -26,10 +27,22 @@ _DIM_BOUNDS = {"D": (1, 32), "H": (0, 256)}  # inclusive; D = joints, H = chunk 
 # unpackb has no max_buffer_size; the header is capped by MAX_HEADER_BYTES before unpacking.
 _UNPACK_LIMITS = dict(max_str_len=4096, max_bin_len=0, max_array_len=64, max_map_len=64, max_ext_len=0)
 _INT64 = (-(2**63), 2**63 - 1)
+MAX_STR = 4096  # UTF-8 bytes in any string field (msgpack's max_str_len on decode)
+# What was wrong with a rejected message, for per-kind counters (WireError.kind):
+#   garbage: not msgpack / not a map; truncated: a header or array frame cut short; oversize: a header over
+#   MAX_HEADER_BYTES or an array frame too long; frames: wrong frame count; schema: unknown schema;
+#   version: known schema, other version; field: a field missing, extra or of the wrong type or value;
+#   nonfinite: NaN or inf in an array.
+ERROR_KINDS = ("garbage", "truncated", "oversize", "frames", "schema", "version", "field", "nonfinite")
 
 
 class WireError(ValueError):
-    """Frames that are not a valid message; the text names the schema and field at fault."""
+    """Frames that are not a valid message; the text names the schema and field at fault, `kind` (one of
+    ERROR_KINDS) says what sort of fault it was."""
+
+    def __init__(self, text: str, kind: str = "field"):
+        super().__init__(text)
+        self.kind = kind
 
 
 @dataclass
@@ -116,20 +129,101 @@ class Stop:
     reason: str
 
 
-Message = Observation | ActionChunk | JointCommand | Hello | Start | Stop
-_REGISTRY = {cls.SCHEMA: cls for cls in (Observation, ActionChunk, JointCommand, Hello, Start, Stop)}
+@dataclass
+class Heartbeat:
+    """Liveliness beat, every `lease_ns / 3` or so on the sender's own PUB (replayer: observations, runtime:
+    chunks, control: status). A peer that hears nothing from `sender` for `lease_ns` deems it dead (the
+    ROS 2 / DDS liveliness lease). `instance` changes when the sender restarts (its pid); `peer_instance` is
+    the instance of the peer the sender currently hears alive (-1: none), which closes a re-handshake.
+    t0_ns/period_ns/n_ticks repeat the run's Start (-1 before the start), so a node that joins mid-run learns
+    the schedule."""
+
+    SCHEMA: ClassVar[str] = "edgeinfer.Heartbeat"
+    VERSION: ClassVar[int] = 1
+    ARRAYS: ClassVar[dict] = {}
+    sender: str
+    instance: int
+    seq: int
+    t_ns: int
+    lease_ns: int
+    peer_instance: int
+    t0_ns: int
+    period_ns: int
+    n_ticks: int
+
+
+@dataclass
+class ErrorEvent:
+    """A fault a node noticed (a malformed message, a non-finite action, a dead peer), published on its status
+    channel, rate-limited: `count` is the running total of this `kind` at the sender, so a receiver loses no
+    count when events are skipped. `detail` is the newest error text (at most MAX_STR characters)."""
+
+    SCHEMA: ClassVar[str] = "edgeinfer.ErrorEvent"
+    VERSION: ClassVar[int] = 1
+    ARRAYS: ClassVar[dict] = {}
+    sender: str
+    kind: str
+    count: int
+    t_ns: int
+    detail: str
+
+
+@dataclass
+class Stats:
+    """Periodic metrics of a node (edgeinfer.telemetry): monotonically growing counters, and latency
+    histograms as bucket counts over telemetry.BUCKET_BOUNDS_US (one more bucket than bounds: the overflow)."""
+
+    SCHEMA: ClassVar[str] = "edgeinfer.Stats"
+    VERSION: ClassVar[int] = 1
+    ARRAYS: ClassVar[dict] = {}
+    sender: str
+    instance: int
+    seq: int
+    t_ns: int
+    counters: dict[str, int]
+    histograms: dict[str, list[int]]
+
+
+Message = Observation | ActionChunk | JointCommand | Hello | Start | Stop | Heartbeat | ErrorEvent | Stats
+_REGISTRY = {cls.SCHEMA: cls for cls in (Observation, ActionChunk, JointCommand, Hello, Start, Stop, Heartbeat,
+                                         ErrorEvent, Stats)}
 
 
 def _scalars(cls: type) -> list:
     return [f for f in fields(cls) if f.name not in cls.ARRAYS]
 
 
+def _check_int(where: str, name: str, value: Any) -> None:
+    if type(value) is not int or not _INT64[0] <= value <= _INT64[1]:
+        raise WireError(f"{where}: field {name!r}: {value!r} is not an int64")
+
+
+def _check_map(where: str, name: str, typ: Any, value: Any) -> None:
+    """dict[str, int] or dict[str, list[int]], within the decoder's map/array limits."""
+    if type(value) is not dict or len(value) > _UNPACK_LIMITS["max_map_len"]:
+        raise WireError(f"{where}: field {name!r}: expected a map of at most {_UNPACK_LIMITS['max_map_len']} entries")
+    as_list = typing.get_args(typ)[1] is not int
+    for k, v in value.items():
+        if type(k) is not str or len(k) > MAX_STR:
+            raise WireError(f"{where}: field {name!r}: key {k!r} is not a string")
+        items = v if as_list else [v]
+        if as_list and (type(v) is not list or len(v) > _UNPACK_LIMITS["max_array_len"]):
+            raise WireError(f"{where}: field {name!r}[{k!r}]: expected a list of at most "
+                            f"{_UNPACK_LIMITS['max_array_len']} ints")
+        for x in items:
+            _check_int(where, f"{name}[{k}]", x)
+
+
 def _check_scalar(where: str, name: str, typ: type, value: Any) -> None:
+    if typing.get_origin(typ) is dict:
+        return _check_map(where, name, typ, value)
     # `type(...) is` rather than isinstance: bool is an int subclass and must not pass as one.
     if type(value) is not typ:
         raise WireError(f"{where}: field {name!r}: got {type(value).__name__}, expected {typ.__name__}")
     if typ is int and not _INT64[0] <= value <= _INT64[1]:
         raise WireError(f"{where}: field {name!r}: {value} does not fit int64")
+    if typ is str and len(value.encode()) > MAX_STR:
+        raise WireError(f"{where}: field {name!r}: {len(value.encode())} bytes of UTF-8, limit {MAX_STR}")
     if name == "rung" and value not in RUNGS:
         raise WireError(f"{where}: field 'rung': {value!r} not in {RUNGS}")
 
@@ -167,14 +261,14 @@ def _check_arrays(cls: type, metas: Any) -> list[tuple[int, ...]]:
 def _check_header(header: Any) -> tuple[type, list[tuple[int, ...]]]:
     """Message class and array shapes of a decoded header; raises WireError on anything off-spec."""
     if not isinstance(header, dict):
-        raise WireError(f"header: got {type(header).__name__}, expected a msgpack map")
+        raise WireError(f"header: got {type(header).__name__}, expected a msgpack map", "garbage")
     schema = header.get("schema")
     cls = _REGISTRY.get(schema) if isinstance(schema, str) else None
     if cls is None:
-        raise WireError(f"header: field 'schema': unknown schema {schema!r}")
+        raise WireError(f"header: field 'schema': unknown schema {schema!r}", "schema")
     version = header.get("version")
     if type(version) is not int or version != cls.VERSION:
-        raise WireError(f"{cls.SCHEMA}: field 'version': got {version!r}, expected {cls.VERSION}")
+        raise WireError(f"{cls.SCHEMA}: field 'version': got {version!r}, expected {cls.VERSION}", "version")
     scalars = _scalars(cls)
     expected = {"schema", "version", "arrays"} | {f.name for f in scalars}
     if missing := expected - set(header):
@@ -221,13 +315,13 @@ def _as_bytes(frame: Any, i: int) -> memoryview:
     try:
         mv = memoryview(frame)
     except TypeError:
-        raise WireError(f"frame {i}: {type(frame).__name__} is not bytes-like") from None
+        raise WireError(f"frame {i}: {type(frame).__name__} is not bytes-like", "garbage") from None
     if mv.nbytes == 0:
         return memoryview(b"")
     if mv.ndim == 1 and mv.format == "B":
         return mv
     if not mv.c_contiguous:
-        raise WireError(f"frame {i}: buffer is not contiguous")
+        raise WireError(f"frame {i}: buffer is not contiguous", "garbage")
     return mv.cast("B")
 
 
@@ -242,27 +336,30 @@ def decode(frames: Sequence[Any]) -> Message:
     on D, and an array frame whose length is not prod(shape) * 8.
     """
     if not 1 <= len(frames) <= MAX_FRAMES:
-        raise WireError(f"frames: got {len(frames)}, expected 1..{MAX_FRAMES}")
+        raise WireError(f"frames: got {len(frames)}, expected 1..{MAX_FRAMES}", "frames")
     bufs = [_as_bytes(f, i) for i, f in enumerate(frames)]
     if bufs[0].nbytes > MAX_HEADER_BYTES:
-        raise WireError(f"header: {bufs[0].nbytes} bytes, limit {MAX_HEADER_BYTES}")
+        raise WireError(f"header: {bufs[0].nbytes} bytes, limit {MAX_HEADER_BYTES}", "oversize")
     try:
         header = msgpack.unpackb(bufs[0], raw=False, strict_map_key=True, **_UNPACK_LIMITS)
     except (ValueError, TypeError, OverflowError, msgpack.UnpackException) as e:
-        raise WireError(f"header: not valid msgpack ({type(e).__name__}: {e})") from None
+        kind = "truncated" if "incomplete" in str(e) else "garbage"
+        raise WireError(f"header: not valid msgpack ({type(e).__name__}: {e})", kind) from None
     cls, shapes = _check_header(header)
     if len(bufs) - 1 != len(shapes):
-        raise WireError(f"{cls.SCHEMA}: frames: {len(bufs) - 1} array frame(s) for {len(shapes)} array(s)")
+        raise WireError(f"{cls.SCHEMA}: frames: {len(bufs) - 1} array frame(s) for {len(shapes)} array(s)",
+                        "frames")
     values = {f.name: header[f.name] for f in _scalars(cls)}
     for name, shape, buf in zip(cls.ARRAYS, shapes, bufs[1:]):
         # Shapes are bounded by _DIM_BOUNDS, so this product is small and safe to compute.
         want = math.prod(shape) * np.dtype(_DTYPE).itemsize
         if buf.nbytes != want:
-            kind = "truncated" if buf.nbytes < want else "oversized"
-            raise WireError(f"{cls.SCHEMA}: array {name!r}: {kind} frame, {buf.nbytes} bytes, "
-                            f"expected {want} for shape {list(shape)}")
+            short = buf.nbytes < want
+            raise WireError(f"{cls.SCHEMA}: array {name!r}: {'truncated' if short else 'oversized'} frame, "
+                            f"{buf.nbytes} bytes, expected {want} for shape {list(shape)}",
+                            "truncated" if short else "oversize")
         arr = np.frombuffer(buf, dtype=_DTYPE).reshape(shape).astype(np.float64)
         if not np.all(np.isfinite(arr)):  # a NaN joint target must never reach a robot
-            raise WireError(f"{cls.SCHEMA}: array {name!r}: non-finite value")
+            raise WireError(f"{cls.SCHEMA}: array {name!r}: non-finite value", "nonfinite")
         values[name] = arr
     return cls(**values)
