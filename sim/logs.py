@@ -44,7 +44,11 @@ class ArmLog:
 
     t_s: (T,) float64 seconds from log start, strictly increasing.
     q_rad: (T, D) float64 joint positions. qd_rad_s: (T, D) float64 joint velocities.
-    truncated_at_row: 1-based line of the first bad row when read with on_error="truncate", else None.
+    truncated_at_row: where a read with on_error="truncate" stopped, else None: the 1-based line of a CSV
+        file, the 0-based record (message, row) index of any other format.
+    source: the format it was read from ("schunk", "csv", "mcap", "rosbag2", "rosbag1", "lerobot", "synthetic").
+    reordered: records that arrived out of timestamp order in the file (the reader sorted them).
+    qd_from_differences: True when the file had no velocities and qd_rad_s is a finite difference of q.
     Raises ValueError if shapes disagree.
     """
 
@@ -53,6 +57,9 @@ class ArmLog:
     q_rad: np.ndarray
     qd_rad_s: np.ndarray
     truncated_at_row: int | None = None
+    source: str = "schunk"
+    reordered: int = 0
+    qd_from_differences: bool = False
 
     def __post_init__(self) -> None:
         if self.t_s.ndim != 1 or self.q_rad.ndim != 2 or self.q_rad.shape != self.qd_rad_s.shape:
@@ -266,4 +273,4 @@ def synthetic_log(seconds: float = 3.0, rate_hz: float = 250.0, seed: int = 0) -
         q[sel] = q_from + np.outer(s, q_to - q_from)
         qd[sel] = np.outer(ds / dur, q_to - q_from)
         q_from, t_from = q_to, t_from + dur
-    return ArmLog(name=f"synthetic-minjerk-seed{seed}", t_s=t, q_rad=q, qd_rad_s=qd)
+    return ArmLog(name=f"synthetic-minjerk-seed{seed}", t_s=t, q_rad=q, qd_rad_s=qd, source="synthetic")

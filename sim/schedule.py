@@ -9,6 +9,8 @@ from __future__ import annotations
 import numpy as np
 from edgeinfer.sim.logs import ArmLog, LogError
 
+from edgeinfer.wire import Observation
+
 
 def tick_grid(log: ArmLog, tolerance: float = 0.25) -> np.ndarray:
     """(N,) int64 tick index of every sample. Raises LogError naming the row when a sample lies more than
@@ -27,3 +29,18 @@ def tick_grid(log: ArmLog, tolerance: float = 0.25) -> np.ndarray:
 def previous_rows(ticks: np.ndarray, stride: int) -> np.ndarray:
     """(N,) row index of the newest sample at or before tick k_i - stride (row 0 when there is none)."""
     return np.maximum(np.searchsorted(ticks, ticks - stride, side="right") - 1, 0)
+
+
+def observation(log: ArmLog, ticks: np.ndarray, prev: np.ndarray, i: int, t_ns: int) -> Observation:
+    """The Observation of log row i: seq = its tick, t_ns = when it is due (ns, replayer clock), q/qd (D,)
+    float64, q_prev = the row `stride` ticks earlier (see previous_rows)."""
+    return Observation(int(ticks[i]), int(t_ns), log.q_rad[i], log.qd_rad_s[i], log.q_rad[prev[i]])
+
+
+def observation_stream(log: ArmLog, stride: int, t0_ns: int = 0, period_ns: int | None = None) -> list[Observation]:
+    """Every Observation the replayer sends for `log` (in order), row i due at t0_ns + tick_i * period_ns
+    (default the log's period). The same stream from any reader means the same replay."""
+    ticks = tick_grid(log)
+    prev = previous_rows(ticks, stride)
+    period = log.period_ns if period_ns is None else period_ns
+    return [observation(log, ticks, prev, i, t0_ns + int(ticks[i]) * period) for i in range(len(log))]
