@@ -18,13 +18,18 @@ class ChunkBuffer:
     def __init__(self, keep: int = 4):
         self._chunks: deque[ActionChunk] = deque(maxlen=keep)  # newest first
 
-    def push(self, chunk: ActionChunk) -> None:
-        """Add a chunk; chunks with no target beyond the anchor, or older than the newest, are ignored."""
+    def push(self, chunk: ActionChunk) -> bool:
+        """Add a chunk; chunks with no target beyond the anchor, or older than the newest, are ignored (False)."""
         if len(chunk.steps_rad) < 2:
-            return
+            return False
         if self._chunks and chunk.t_obs_ns <= self._chunks[0].t_obs_ns:
-            return
+            return False
         self._chunks.appendleft(chunk)
+        return True
+
+    def clear(self) -> None:
+        """Forget every chunk (their runtime is gone: nothing it planned is trusted any more)."""
+        self._chunks.clear()
 
     def sample(self, t_ns: int) -> tuple[np.ndarray, str, int] | None:
         """(q_rad (D,), rung, chunk obs_seq) at t_ns, or None when no chunk covers t_ns (watchdog)."""

@@ -4,9 +4,18 @@ Each tick n runs at t0 + n * period + phase (t0 and period come from the Start m
 shared monotonic clock). Per tick it takes every pending chunk and the newest observation, interpolates
 the newest chunk that covers the tick, clamps it to the safety limits and sends a JointCommand. When no
 chunk covers the tick the watchdog holds the last command (rung "hold"): the robot always gets a command.
+
+The runtime's liveliness (edgeinfer.liveliness): it is dead from the moment its connection drops (socket
+monitor) or its Heartbeat lease expires, and the loop holds from the next tick on, its chunks forgotten.
+A restarted runtime (a new process on the same endpoint) is reconnected by ZMQ and trusted again from its
+first Heartbeat; no restart of this loop is needed. Chunks whose whole horizon has passed are discarded
+(chunks_expired), as are chunks older than the newest (chunks_superseded); a non-finite target never
+leaves (the clamp replaces it with the last command; nonfinite_targets). Heartbeats, Stats and
+rate-limited ErrorEvents go out on the status PUB when Endpoints.status is set.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -17,7 +26,9 @@ from edgeinfer.control.safety import SafetyLimits
 from edgeinfer import transport
 from edgeinfer.clock import Ticker, enter_realtime, now_ns
 from edgeinfer.lifecycle import ParentWatch
-from edgeinfer.wire import ActionChunk, JointCommand, Observation, Start, Stop
+from edgeinfer.liveliness import Lease, LinkMonitor
+from edgeinfer.telemetry import Telemetry
+from edgeinfer.wire import ActionChunk, Heartbeat, JointCommand, Observation, Start, Stop, WireError
 
 
 @dataclass
@@ -30,8 +41,15 @@ class ControlConfig:
     realtime_priority: int = 60  # SCHED_FIFO priority, best effort (0 = off), as ros2_control does
     control_cpus: list[int] | None = None  # CPUs the control loop may use (None: any)
     limits: SafetyLimits = field(default_factory=SafetyLimits)
+    control_heartbeat_ms: float = 10.0  # Heartbeat period on the status PUB
+    control_lease_ms: float = 50.0  # liveliness lease the control loop announces
+    control_stats_ms: float = 200.0  # Stats period on the status PUB
 
     def __post_init__(self):
+        if not 0 < self.control_heartbeat_ms < self.control_lease_ms or not self.control_stats_ms > 0:
+            raise ValueError("ControlConfig: need 0 < control_heartbeat_ms < control_lease_ms and "
+                             f"control_stats_ms > 0, got {self.control_heartbeat_ms}, {self.control_lease_ms}, "
+                             f"{self.control_stats_ms}")
         if not 0 <= self.phase_ms < 1000 or not 0 <= self.spin_us <= 10_000:
             raise ValueError("ControlConfig.phase_ms must be in [0, 1000) and spin_us in [0, 10000]")
         if not 0 <= self.realtime_priority <= 99:
@@ -45,6 +63,13 @@ class ControlStats:
     clamped: int = 0
     overruns: int = 0
     malformed: int = 0
+    malformed_by_kind: dict = field(default_factory=dict)
+    runtime_lost: int = 0  # times the runtime was declared dead (connection dropped or lease expired)
+    runtime_restarts: int = 0  # Heartbeats from a new runtime process
+    holds_runtime_dead: int = 0  # holds while the runtime was dead
+    chunks_expired: int = 0  # chunks whose whole horizon had passed on arrival: discarded
+    chunks_superseded: int = 0  # chunks older than the newest, or anchor-only (the runtime's continue rung)
+    nonfinite_targets: int = 0  # non-finite interpolated targets replaced by the clamp (never sent)
 
 
 class ControlLoop:
@@ -56,17 +81,40 @@ class ControlLoop:
         self.stats = ControlStats()
         self.last_q: np.ndarray | None = None
         self.last_obs: Observation | None = None
+        self.telemetry = Telemetry("control", cfg.control_stats_ms)
+        self.runtime = Lease("runtime", int(50e6))  # until the runtime announces its own lease
+        self.status = None
+        self.link = None
+        self._next_beat_ns = 0
+        self._beat_seq = 0
+        self._start: Start | None = None
 
     def open(self) -> "ControlLoop":
         self.parent = ParentWatch()
         # real-time priority before the context exists, so that its I/O thread inherits it too
         self.rt_warning = enter_realtime(self.cfg.control_cpus, self.cfg.realtime_priority)
         self.ctx = zmq.Context()
-        self.obs = transport.Receiver(transport.sub(self.ctx, self.endpoints.obs))
-        self.chunks = transport.Receiver(transport.sub(self.ctx, self.endpoints.chunks))
-        self.commands = transport.push(self.ctx, self.endpoints.commands)
-        self.ready = transport.push(self.ctx, self.endpoints.ready)
+        keys = self.endpoints.curve_keys()
+        self.auth = transport.start_authenticator(self.ctx, keys)
+        self.obs = transport.Receiver(transport.sub(self.ctx, self.endpoints.obs, curve=keys),
+                                      on_error=self._wire_error)
+        self.chunks = transport.Receiver(transport.sub(self.ctx, self.endpoints.chunks, curve=keys),
+                                         on_error=self._wire_error)
+        self.link = LinkMonitor(self.chunks.sock)
+        self.commands = transport.push(self.ctx, self.endpoints.commands, curve=keys)
+        self.ready = transport.push(self.ctx, self.endpoints.ready, curve=keys)
+        if self.endpoints.status:
+            self.status = transport.pub(self.ctx, self.endpoints.status, bind=True, curve=keys)
         return self
+
+    def _wire_error(self, e: WireError) -> None:
+        self._report(e.kind, str(e))
+
+    def _report(self, kind: str, text: str) -> None:
+        """Count an error and publish it as a rate-limited ErrorEvent on the status PUB."""
+        event = self.telemetry.error(kind, text)
+        if event is not None and self.status is not None:
+            transport.send(self.status, event)
 
     def handshake(self, timeout_s: float = 300.0) -> Start:
         """Report ready once both SUBs hear Hellos, then wait for Start. Raises TimeoutError, or RuntimeError
@@ -88,22 +136,44 @@ class ControlLoop:
             print(f"control: {self.rt_warning}", flush=True)
         ticker = Ticker(start.t0_ns + int(self.cfg.phase_ms * 1e6), start.period_ns, int(self.cfg.spin_us * 1e3))
         period_s = start.period_ns / 1e9
+        self._start = start
         while (n := ticker.wait()) < start.n_ticks:
-            if not self._take_messages():
+            t_tick = start.t0_ns + n * start.period_ns
+            if not self._take_messages(t_tick):
                 break
             if n % 250 == 0 and self.parent.parent_gone():
                 print("control: parent process exited; stopping", flush=True)
                 break
-            self._command(n, start.t0_ns + n * start.period_ns, period_s)
+            self._command(n, t_tick, period_s)
+            self._publish_status()
         self.stats.overruns = ticker.overruns
-        self.stats.malformed = self.obs.malformed + self.chunks.malformed
+        self._refresh_stats()
+        if self.status is not None:  # the final Stats, for the replayer's report
+            transport.send(self.status, self.telemetry.snapshot())
+            self.status.close(linger=200)  # LINGER 0 elsewhere: give that last message a moment to leave
+            self.status = None
         return self.stats
 
-    def _take_messages(self) -> bool:
-        """Absorb pending chunks and observations; False when the run was stopped."""
+    def _take_messages(self, t_tick_ns: int) -> bool:
+        """Absorb pending chunks and observations, and the runtime's liveliness; False when the run was stopped."""
+        t = now_ns()
+        if self.link is not None and self.link.poll()[1]:  # its connection dropped: the process is gone
+            self._runtime_lost(t, "connection dropped")
         for msg in self.chunks.drain():
             if isinstance(msg, ActionChunk):
-                self.buffer.push(msg)
+                if not self.runtime.alive:  # sent before it was declared dead, or before its re-handshake
+                    self.stats.chunks_superseded += 1
+                elif msg.t_obs_ns + (len(msg.steps_rad) - 1) * msg.step_ns < t_tick_ns:
+                    self.stats.chunks_expired += 1  # its whole horizon has passed: nothing in it is still due
+                elif not self.buffer.push(msg):
+                    self.stats.chunks_superseded += 1
+            elif isinstance(msg, Heartbeat):
+                was = (self.runtime.alive, self.runtime.restarts)
+                self.runtime.beat(msg, t)
+                if (self.runtime.alive, self.runtime.restarts) != was:
+                    print(f"control: runtime {msg.instance} alive", flush=True)
+        if self.runtime.alive and not self.runtime.check(t):
+            self._runtime_lost(t, f"no heartbeat for {self.runtime.lease_ns / 1e6:.0f} ms (lease expired)")
         for msg in self.obs.drain():
             if isinstance(msg, Observation):
                 self.last_obs = msg
@@ -111,17 +181,51 @@ class ControlLoop:
                 return False
         return True
 
+    def _runtime_lost(self, t_ns: int, why: str) -> None:
+        if self.runtime.alive:
+            self.runtime.drop(t_ns)
+            self.buffer.clear()  # nothing a dead runtime planned is trusted: hold until a live one plans again
+            self._report("runtime_lost", f"runtime {self.runtime.instance}: {why}; holding")
+
+    def _publish_status(self) -> None:
+        """Heartbeat (and Stats when due) on the status PUB, at most once per control_heartbeat_ms."""
+        t = now_ns()
+        if self.status is None or t < self._next_beat_ns:
+            return
+        self._next_beat_ns = t + int(self.cfg.control_heartbeat_ms * 1e6)
+        self._beat_seq += 1
+        s = self._start
+        transport.send(self.status, Heartbeat("control", os.getpid(), self._beat_seq, t,
+                                              int(self.cfg.control_lease_ms * 1e6),
+                                              self.runtime.instance if self.runtime.alive else -1,
+                                              s.t0_ns if s else -1, s.period_ns if s else -1, s.n_ticks if s else -1))
+        if self.telemetry.stats_due(t):
+            self._refresh_stats()
+            transport.send(self.status, self.telemetry.snapshot())
+
+    def _refresh_stats(self) -> None:
+        st = self.stats
+        st.malformed = self.obs.malformed + self.chunks.malformed
+        st.malformed_by_kind = dict(self.obs.malformed_by_kind + self.chunks.malformed_by_kind)
+        st.runtime_lost, st.runtime_restarts = self.runtime.lost, self.runtime.restarts
+        counters = {k: v for k, v in vars(st).items() if isinstance(v, int)}
+        counters.update({f"malformed.{k}": v for k, v in st.malformed_by_kind.items()})
+        self.telemetry.counters.update(counters)
+
     def _command(self, n: int, t_tick_ns: int, period_s: float) -> None:
-        sample = self.buffer.sample(t_tick_ns)
-        if sample is None:  # watchdog: nothing valid covers this tick
+        sample = self.buffer.sample(t_tick_ns) if self.runtime.alive else None
+        if sample is None:  # watchdog: nothing valid covers this tick, or the runtime is dead
             q, rung, chunk_seq = self.last_q, "hold", -1
             if q is None and self.last_obs is not None:
                 q = self.last_obs.q_rad
             if q is None:
                 return  # no state at all yet: nothing safe to command; the replayer counts it lost
             self.stats.holds += 1
+            self.stats.holds_runtime_dead += not self.runtime.alive
         else:
             q, rung, chunk_seq = sample
+            if not np.all(np.isfinite(q)):  # the clamp below replaces it; count it, never send it
+                self.stats.nonfinite_targets += 1
         # the first command is rate-limited from the measured position, every later one from the last command
         reference = self.last_q if self.last_q is not None else (self.last_obs.q_rad if self.last_obs else None)
         q, clamped = self.cfg.limits.clamp(q, reference, period_s)
@@ -129,9 +233,15 @@ class ControlLoop:
         self.stats.ticks += 1
         self.last_q = q
         obs_seq = self.last_obs.seq if self.last_obs is not None else -1
-        transport.send(self.commands, JointCommand(n, obs_seq, chunk_seq, now_ns(), q, rung))
+        t_send = now_ns()
+        transport.send(self.commands, JointCommand(n, obs_seq, chunk_seq, t_send, q, rung))
+        self.telemetry.observe_ns("tick_lateness", t_send - t_tick_ns)
 
     def close(self) -> None:
+        if self.link is not None:
+            self.link.close()
+        if getattr(self, "auth", None) is not None:
+            self.auth.stop()
         self.ctx.destroy(linger=0)
 
     def __enter__(self):

@@ -10,6 +10,7 @@ Fallback ladder when the budget cannot hold the full plan, best first (every chu
 from __future__ import annotations
 
 import dataclasses
+import os
 import signal
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,16 +19,19 @@ from typing import Literal
 import numpy as np
 import zmq
 
-from edgeinfer import transport
+from edgeinfer import faults, transport
 from edgeinfer.acceptance import Greedy, Relaxed, Sampling
 from edgeinfer.clock import now_ns, pin_to_cpus
 from edgeinfer.engines.build import load_engine
 from edgeinfer.engines.drafters import DRAFTERS, make_drafter
 from edgeinfer.engines.policy import DEFAULT_POLICY, load_policy
+from edgeinfer.faults import FaultConfig
 from edgeinfer.lifecycle import ParentWatch
+from edgeinfer.liveliness import Beacon, Lease
 from edgeinfer.scheduler import SchedulerConfig, TickPlanner
 from edgeinfer.speculative import speculative_decode
-from edgeinfer.wire import ActionChunk, Hello, Observation, Start, Stop
+from edgeinfer.telemetry import Telemetry
+from edgeinfer.wire import ActionChunk, Heartbeat, Hello, Observation, Start, Stop, WireError
 
 DECODES = ("speculative", "target-only")
 
@@ -60,6 +64,14 @@ class RuntimeConfig:
     runtime_cpus: list[int] | None = None  # CPUs the runtime may use (None: any)
     byo_spec: Path | None = None  # bring your own policy: a spec TOML (engines/byo.py) served instead of `policy`
     byo_model: Path | None = None  # the spec's model file replaced by this one (e.g. its TorchScript twin)
+    null_policy: bool = False  # serve NullRuntime (a chunk holding the observed position, at once): benchmarks
+    # observations older than this when they arrive are dropped and counted (obs_stale); None: off (another
+    # host's clock)
+    max_obs_age_ms: float | None = 50.0
+    runtime_heartbeat_ms: float = 10.0  # Heartbeat period on the chunk PUB
+    runtime_lease_ms: float = 50.0  # liveliness lease: peers deem the runtime dead after this long unheard
+    runtime_stats_ms: float = 200.0  # Stats period on the chunk PUB
+    faults: FaultConfig = field(default_factory=FaultConfig)  # fault injection (edgeinfer.faults); off by default
 
     def __post_init__(self):
         self.policy = Path(self.policy)
@@ -74,6 +86,13 @@ class RuntimeConfig:
             raise ValueError(f"RuntimeConfig.idle_timeout_s must be > 0, got {self.idle_timeout_s}")
         if self.replan_every_ticks < 1:
             raise ValueError(f"RuntimeConfig.replan_every_ticks must be >= 1, got {self.replan_every_ticks}")
+        if self.max_obs_age_ms is not None and not self.max_obs_age_ms > 0:
+            raise ValueError(f"RuntimeConfig.max_obs_age_ms must be > 0 (or None), got {self.max_obs_age_ms}")
+        if not 0 < self.runtime_heartbeat_ms < self.runtime_lease_ms:
+            raise ValueError(f"RuntimeConfig: need 0 < runtime_heartbeat_ms < runtime_lease_ms, got "
+                             f"{self.runtime_heartbeat_ms}, {self.runtime_lease_ms}")
+        if not self.runtime_stats_ms > 0:
+            raise ValueError(f"RuntimeConfig.runtime_stats_ms must be > 0, got {self.runtime_stats_ms}")
 
     def rule(self) -> Greedy | Relaxed | Sampling:
         """The acceptance rule this configuration asks for (a fresh one: Sampling carries its own rng)."""
@@ -139,13 +158,34 @@ class PolicyRuntime:
             target_passes=res.target_passes, drafted=res.drafted, accepted=res.accepted)
 
 
-def serve(cfg: RuntimeConfig, endpoints: transport.Endpoints, handshake_timeout_s: float = 300.0) -> int:
-    """Run the runtime node until a Stop message (or SIGTERM). Returns the number of chunks sent."""
-    parent = ParentWatch()
-    warning = pin_to_cpus(cfg.runtime_cpus)  # before the engine starts its threads
-    if warning:
-        print(f"runtime: {warning}", flush=True)
-    if cfg.byo_spec is not None:
+class NullRuntime:
+    """A policy that costs nothing: each chunk holds the observed position for one chunk step. Serves transport
+    benchmarks and drills (RuntimeConfig.null_policy), through the same node loop as the real policy."""
+
+    def __init__(self, cfg: RuntimeConfig, stride_ticks: int = 5):
+        self.cfg, self.stride_ticks, self.n_chunks = cfg, stride_ticks, 0
+
+    def chunk_timing(self, period_ns: int) -> tuple[int, int]:
+        return self.cfg.replan_every_ticks, period_ns * self.stride_ticks
+
+    def warmup_observation(self) -> None:
+        return None
+
+    def warmup(self, obs) -> None:
+        pass
+
+    def step(self, obs: Observation, t_start_ns: int | None = None, step_ns: int = 20_000_000,
+             budget: bool = True) -> ActionChunk:
+        self.n_chunks += 1
+        return ActionChunk(seq=self.n_chunks, obs_seq=obs.seq, t_obs_ns=obs.t_ns, t_ready_ns=now_ns(), step_ns=step_ns,
+                           steps_rad=np.vstack([obs.q_rad, obs.q_rad]), rung="full", tokens=0, target_passes=0,
+                           drafted=0, accepted=0)
+
+
+def _make_runtime(cfg: RuntimeConfig):
+    if cfg.null_policy:
+        runtime = NullRuntime(cfg)
+    elif cfg.byo_spec is not None:
         import torch
 
         from edgeinfer.engines.byo import ByoRuntime
@@ -154,57 +194,161 @@ def serve(cfg: RuntimeConfig, endpoints: transport.Endpoints, handshake_timeout_
         runtime = ByoRuntime(cfg.byo_spec, cfg.byo_model)
     else:
         runtime = PolicyRuntime(cfg)
+    return faults.inject(runtime, cfg.faults) if cfg.faults.active else runtime
+
+
+def serve(cfg: RuntimeConfig, endpoints: transport.Endpoints, handshake_timeout_s: float = 300.0) -> int:
+    """Run the runtime node until a Stop message (or SIGTERM). Returns the number of chunks sent.
+
+    Publishes on the chunk PUB: ActionChunks, and from a beacon thread its Heartbeat every
+    runtime_heartbeat_ms and Stats every runtime_stats_ms; ErrorEvents (rate-limited) for malformed input
+    and non-finite policy output. An observation older than max_obs_age_ms on arrival is dropped
+    (counter obs_stale); a chunk with a non-finite action is never published: a `continue` chunk (the
+    anchor only, so the control loop keeps its previous chunk or holds) goes out instead (counter
+    error.nonfinite_action). Started mid-run (a restart), it learns the schedule from the replayer's
+    Heartbeat and waits for the control loop to acknowledge it before serving (re-handshake).
+    """
+    parent = ParentWatch()
+    warning = pin_to_cpus(cfg.runtime_cpus)  # before the engine starts its threads
+    if warning:
+        print(f"runtime: {warning}", flush=True)
+    runtime = _make_runtime(cfg)
     stop = {"flag": False}
     signal.signal(signal.SIGTERM, lambda *_: stop.update(flag=True))
     ctx = zmq.Context()
+    keys = endpoints.curve_keys()
+    auth = transport.start_authenticator(ctx, keys)
+    tel = Telemetry("runtime", cfg.runtime_stats_ms)
+    beacon = None
     try:
-        obs_rx = transport.Receiver(transport.sub(ctx, endpoints.obs))
-        chunk_pub = transport.pub(ctx, endpoints.chunks, bind=True)
-        ready = transport.push(ctx, endpoints.ready)
-        start = _handshake(runtime, obs_rx, chunk_pub, ready, handshake_timeout_s, parent)
+        out = transport.LockedSender(transport.pub(ctx, endpoints.chunks, bind=True, curve=keys))
+
+        def report(kind: str, text: str) -> None:  # count it, and publish an ErrorEvent unless rate-limited
+            if (event := tel.error(kind, text)) is not None:
+                out.send(event)
+
+        def on_error(e: WireError) -> None:
+            report(e.kind, str(e))
+
+        obs_rx = transport.Receiver(transport.sub(ctx, endpoints.obs, curve=keys), on_error=on_error)
+        status_rx = (transport.Receiver(transport.sub(ctx, endpoints.status, curve=keys), on_error=on_error)
+                     if endpoints.status else None)
+        ready = transport.push(ctx, endpoints.ready, curve=keys)
+        control = Lease("control", int(cfg.runtime_lease_ms * 1e6))
+
+        def refresh():  # receiver counters into the stats snapshot (beacon thread)
+            tel.counters.update(obs_received=obs_rx.received, obs_superseded=obs_rx.stale_dropped,
+                                chunks_sent=runtime.n_chunks, control_lost=control.lost,
+                                control_restarts=control.restarts)
+            for kind, n in list(obs_rx.malformed_by_kind.items()):
+                tel.counters[f"malformed.{kind}"] = n
+
+        beacon = Beacon(out, "runtime", cfg.runtime_heartbeat_ms, cfg.runtime_lease_ms, control, tel, refresh)
+        beacon.start()
+        start, mid_run = _handshake(runtime, obs_rx, out, ready, handshake_timeout_s, parent)
+        beacon.schedule = start
+        if mid_run and status_rx is not None:
+            _await_control(status_rx, obs_rx, control, handshake_timeout_s, parent)
         replan_every, step_ns = runtime.chunk_timing(start.period_ns)
-        what = f"bring-your-own {cfg.byo_spec}" if cfg.byo_spec else f"{cfg.decode} on {cfg.backend} {cfg.precision}"
-        print(f"runtime: started ({what}, budget {cfg.scheduler.budget_ms} ms)", flush=True)
+        what = ("null policy" if cfg.null_policy else f"bring-your-own {cfg.byo_spec}" if cfg.byo_spec
+                else f"{cfg.decode} on {cfg.backend} {cfg.precision}")
+        print(f"runtime: {'re' if mid_run else ''}started ({what}, budget {cfg.scheduler.budget_ms} ms)", flush=True)
         next_seq, last_msg_ns = 0, now_ns()
         budget_ns = int(cfg.scheduler.budget_ms * 1e6)
+        max_age_ns = int(cfg.max_obs_age_ms * 1e6) if cfg.max_obs_age_ms is not None else None
         while not stop["flag"]:
-            msg = obs_rx.recv_latest(100)  # latest-only: a stale observation is worse than none
-            if msg is None:
-                if now_ns() - last_msg_ns > cfg.idle_timeout_s * 1e9:
+            first = obs_rx.recv(100)
+            t_recv = now_ns()
+            if status_rx is not None:
+                for msg in status_rx.drain():
+                    if isinstance(msg, Heartbeat):
+                        control.beat(msg, t_recv)
+                control.check(t_recv)
+            if first is None:
+                if t_recv - last_msg_ns > cfg.idle_timeout_s * 1e9:
                     print(f"runtime: no message for {cfg.idle_timeout_s} s; exiting", flush=True)
                     break
                 continue
-            last_msg_ns = now_ns()
-            if isinstance(msg, Stop):
+            last_msg_ns = t_recv
+            batch = [first, *obs_rx.drain()]
+            if any(isinstance(m, Stop) for m in batch):
                 break
-            if isinstance(msg, Observation) and msg.seq >= next_seq:
-                next_seq = msg.seq + replan_every
-                # The budget runs from when the observation was taken (same-host monotonic clock), so time
-                # spent in transport counts; a timestamp from another clock falls back to receipt time.
-                age_ns = last_msg_ns - msg.t_ns
-                t_start = msg.t_ns if 0 <= age_ns < budget_ns else last_msg_ns
-                transport.send(chunk_pub, runtime.step(msg, t_start, step_ns))
-        print(f"runtime: {runtime.n_chunks} chunks sent; observations skipped as stale {obs_rx.stale_dropped}; "
-              f"malformed messages {obs_rx.malformed} (last: {obs_rx.last_error or '-'})", flush=True)
+            # latest-only: a stale observation is worse than none (Heartbeats and Hellos are not observations)
+            observations = [m for m in batch if isinstance(m, Observation)]
+            obs_rx.stale_dropped += max(0, len(observations) - 1)
+            msg = observations[-1] if observations else None
+            if msg is None or msg.seq < next_seq:
+                continue
+            age_ns = t_recv - msg.t_ns
+            if max_age_ns is not None and age_ns > max_age_ns:
+                tel.count("obs_stale")
+                continue
+            next_seq = msg.seq + replan_every
+            # The budget runs from when the observation was taken (same-host monotonic clock), so time
+            # spent in transport counts; a timestamp from another clock falls back to receipt time.
+            t_start = msg.t_ns if 0 <= age_ns < budget_ns else t_recv
+            if age_ns >= 0:
+                tel.observe_ns("obs_age_at_runtime", age_ns)
+            chunk = runtime.step(msg, t_start, step_ns)
+            if not np.all(np.isfinite(chunk.steps_rad)):  # never publish a non-finite action
+                report("nonfinite_action", f"chunk {chunk.seq} for observation {msg.seq}: non-finite action "
+                                           "from the policy; sent the continue rung instead")
+                chunk.steps_rad, chunk.rung = chunk.steps_rad[:1], "continue"
+            tel.count(f"rung.{chunk.rung}")
+            tel.observe_ns("time_to_chunk", chunk.t_ready_ns - msg.t_ns)
+            out.send(chunk)
+        beacon.stop()  # before the socket it shares closes
+        refresh()
+        out.send(tel.snapshot())  # the final Stats, for the replayer's report
+        out.sock.close(linger=200)  # LINGER 0 elsewhere: give that last message a moment to leave
+        print(f"runtime: {runtime.n_chunks} chunks sent; counters {dict(sorted(tel.counters.items()))} "
+              f"(last error: {tel.last_error or '-'})", flush=True)
         return runtime.n_chunks
     finally:
+        if beacon is not None:
+            beacon.stop()
+        if auth is not None:
+            auth.stop()
         ctx.destroy(linger=0)
 
 
-def _handshake(runtime, obs_rx, chunk_pub, ready, timeout_s: float, parent: ParentWatch) -> Start:
-    """Warm up, then publish Hellos on the chunk PUB (for its subscribers) until Start arrives."""
+def _handshake(runtime, obs_rx, out, ready, timeout_s: float, parent: ParentWatch) -> tuple[Start, bool]:
+    """Warm up, then publish Hellos on the chunk PUB (for its subscribers) until Start arrives.
+
+    Returns (start, mid_run). A runtime (re)started after the run began never sees the Start: the
+    replayer's Heartbeat carries the same schedule, and mid_run is then True."""
     runtime.warmup(runtime.warmup_observation())
     announced, i = False, 0
     deadline = now_ns() + int(timeout_s * 1e9)
     while now_ns() < deadline:
         parent.check()
-        transport.send(chunk_pub, Hello("runtime", i, now_ns()))
+        out.send(Hello("runtime", i, now_ns()))
         i += 1
         msg = obs_rx.recv(transport.HELLO_PERIOD_MS)
         if isinstance(msg, Hello) and not announced:
             announced = transport.announce_ready(ready, "runtime")
         elif isinstance(msg, Start):
-            return msg
+            return msg, False
+        elif isinstance(msg, Heartbeat) and msg.sender == "replayer" and msg.t0_ns >= 0:
+            return Start(msg.t0_ns, msg.period_ns, msg.n_ticks), True
         elif isinstance(msg, Stop):
             raise RuntimeError(f"stopped before start: {msg.reason}")
     raise TimeoutError("runtime: no Start message")
+
+
+def _await_control(status_rx, obs_rx, control: Lease, timeout_s: float, parent: ParentWatch) -> None:
+    """Re-handshake of a runtime that joined mid-run: until the control loop's Heartbeat names this process as
+    the runtime it hears (so its chunk SUB is subscribed here and no chunk is lost to the slow joiner).
+    Observations meanwhile are stale and dropped. Gives up with a warning after timeout_s."""
+    deadline = now_ns() + int(timeout_s * 1e9)
+    me = os.getpid()
+    while now_ns() < deadline:
+        parent.check()
+        msg = status_rx.recv(transport.HELLO_PERIOD_MS)
+        obs_rx.drain()
+        if isinstance(msg, Heartbeat):
+            control.beat(msg, now_ns())
+            if msg.peer_instance == me:
+                return
+    print(f"runtime: the control loop did not acknowledge this runtime within {timeout_s} s; serving anyway",
+          flush=True)

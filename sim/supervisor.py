@@ -1,0 +1,106 @@
+"""The replayer's side of liveliness and fault drills: its Heartbeat on the observation PUB (which also tells
+a runtime that joins mid-run the schedule), killing the runtime at a row, restarting it after a pause,
+and the report of the gap that leaves.
+"""
+from __future__ import annotations
+
+import os
+import threading
+from typing import Callable
+
+import numpy as np
+
+from edgeinfer import transport
+from edgeinfer.clock import now_ns
+from edgeinfer.wire import Heartbeat
+
+HEARTBEAT_PERIOD_MS = 20.0
+LEASE_MS = 100.0
+
+
+class Supervisor:
+    """Called once per streamed row (`on_row(i, rec)`, after observation i is sent).
+
+    Publishes the replayer's Heartbeat (with the run's t0/period/n_ticks) every HEARTBEAT_PERIOD_MS;
+    SIGKILLs procs[0] (the runtime) when row `kill_at_row` has been sent; `restart_after_ms` later, starts
+    a new runtime with `spawn()` (from a thread, so the replayer's schedule does not wait on fork/exec)
+    and puts it in procs[0]. Times are on the replayer's clock (ns).
+    """
+
+    def __init__(self, obs_pub, procs: list, kill_at_row: int | None, restart_after_ms: float | None,
+                 spawn: Callable[[], object]):
+        self.obs_pub, self.procs, self.kill_at_row = obs_pub, procs, kill_at_row
+        self.restart_after_ns = int(restart_after_ms * 1e6) if restart_after_ms is not None else None
+        self.spawn = spawn
+        self.killed = None  # the killed process
+        self.killed_row = self.killed_tick = -1  # the row (and its tick) after whose send it was killed
+        self.t_kill_ns: int | None = None
+        self.t_restart_ns: int | None = None
+        self._restarter: threading.Thread | None = None
+        self._next_beat_ns = 0
+        self._seq = 0
+
+    def on_row(self, i: int, rec) -> None:
+        t = now_ns()
+        if t >= self._next_beat_ns:
+            self._next_beat_ns = t + int(HEARTBEAT_PERIOD_MS * 1e6)
+            self._seq += 1
+            transport.send(self.obs_pub, Heartbeat("replayer", os.getpid(), self._seq, t, int(LEASE_MS * 1e6), -1,
+                                                   rec.t0_ns, rec.period_ns, rec.n_ticks))
+        if self.kill_at_row is not None and i >= self.kill_at_row and self.killed is None:  # a skipped row too
+            self.killed, self.killed_row, self.killed_tick = self.procs[0], i, int(rec.tick[i])
+            self.killed.kill()
+            self.t_kill_ns = now_ns()
+        elif (self.t_kill_ns is not None and self.restart_after_ns is not None and self._restarter is None
+              and t >= self.t_kill_ns + self.restart_after_ns):
+            self.t_restart_ns = t
+            self._restarter = threading.Thread(target=self._restart, daemon=True)
+            self._restarter.start()
+
+    def _restart(self) -> None:
+        self.killed.wait()  # reaped before its successor binds the same port
+        self.procs[0] = self.spawn()
+
+    def join(self) -> None:
+        if self._restarter is not None:
+            self._restarter.join(timeout=30)
+
+
+def gap_report(sup: Supervisor, outcome: np.ndarray, t_sched_ns: np.ndarray, period_ns: int,
+               commands: dict | None = None) -> dict | None:
+    """The gap a killed runtime left, from per-row outcomes (on_time/late/lost/hold) on the replayer's clock:
+    rows until the first hold after the kill, holds and misses until recovery, the longest run of holds (ms),
+    and the time from the kill to the first on-time command after the restart. From `commands` (tick ->
+    (t_recv, JointCommand)): how long after the kill the control loop sent its first hold
+    (`first_hold_after_kill_ms`, on the control loop's send time: same host clock) and how many commands it
+    sent more than two control periods after the kill from a chunk the dead runtime planned
+    (`unheld_after_two_periods`: 0 when it held in time). None when nothing was killed."""
+    if sup.t_kill_ns is None:
+        return None
+    sent = sorted((c.t_ns, c.rung, c.chunk_obs_seq) for _, c in (commands or {}).values() if c.t_ns > sup.t_kill_ns)
+    first_hold = next((t for t, rung, _ in sent if rung == "hold"), None)
+    # a command from a chunk of the dead runtime (planned from an observation up to the kill), sent late
+    unheld = sum(1 for t, rung, seq in sent
+                 if t > sup.t_kill_ns + 2 * period_ns and rung != "hold" and seq <= sup.killed_tick)
+    k = sup.killed_row
+    rows = np.arange(len(outcome))
+    after = rows > k
+    holds = np.flatnonzero(after & (outcome == "hold"))
+    restarted = sup.t_restart_ns is not None
+    recovered = np.flatnonzero(after & (outcome == "on_time") & (rows > (holds[0] if len(holds) else k)))
+    end = int(recovered[0]) if restarted and len(recovered) else len(outcome)
+    gap = slice(k + 1, end)
+    longest, run = 0, 0
+    for o in outcome[gap]:
+        run = run + 1 if o == "hold" else 0
+        longest = max(longest, run)
+    return {"killed_at_row": int(k),
+            "restart_after_ms": (sup.t_restart_ns - sup.t_kill_ns) / 1e6 if restarted else None,
+            "killed_exit_code": sup.killed.returncode,
+            "rows_to_first_hold": int(holds[0] - k) if len(holds) else None,
+            "first_hold_after_kill_ms": (first_hold - sup.t_kill_ns) / 1e6 if first_hold is not None else None,
+            "unheld_after_two_periods": unheld,
+            "ticks_held": int(np.sum(outcome[gap] == "hold")), "misses_in_gap": int(np.sum(outcome[gap] != "on_time")),
+            "longest_hold_ms": longest * period_ns / 1e6,
+            "recovered": bool(restarted and len(recovered)),
+            "time_to_recover_ms": ((t_sched_ns[end] - sup.t_kill_ns) / 1e6 if restarted and len(recovered) else None)}
