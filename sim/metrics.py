@@ -6,16 +6,30 @@ from collections import Counter
 from pathlib import Path
 
 import numpy as np
-from edgeinfer.sim.stats import latency_summary_ms, wilson_interval
+from edgeinfer.sim.slo import evaluate, parse_slo
+from edgeinfer.sim.stats import (
+    clopper_pearson_interval,
+    histogram_us,
+    latency_ci_ms,
+    latency_summary_ms,
+    rms_ci,
+)
 
 from edgeinfer.wire import RUNGS
 
+# 2: confidence intervals on every latency percentile, an exact (Clopper-Pearson) miss-rate interval, the
+# 1 us latency histogram, per-stage times, the SLO verdict. Readers accept 1 (no intervals: nothing judged).
+SCHEMA_VERSION = 2
+CONFIDENCE = 0.95
+
 
 def summarize(rec, log, cfg, deadline_ms: float, stride: int) -> tuple[dict, dict]:
-    """(report dict, per-observation arrays {tick, latency_ms (NaN when lost), outcome, rung}, each (N,)).
+    """(report dict, per-observation arrays {tick, latency_ms (NaN when lost), outcome, rung, stage times},
+    each (N,)).
 
     Latency of observation i = receipt of the command for its tick - the time observation i was due, both on
-    the replayer's clock; the deadline is measured from the same instant.
+    the replayer's clock; the deadline is measured from the same instant. With cfg.slo set, the report's
+    "slo" holds slo.evaluate's verdict (else None). Raises slo.SLOError for an unparsable cfg.slo.
     """
     n = int(np.count_nonzero(rec.t_sent_ns)) if rec.interrupted else len(rec.t_sched_ns)
     t_sched, ticks = rec.t_sched_ns[:n], rec.tick[:n]
@@ -45,9 +59,13 @@ def summarize(rec, log, cfg, deadline_ms: float, stride: int) -> tuple[dict, dic
     passes = sum(c.target_passes for c in chunks)
     drafted = sum(c.drafted for c in chunks)
     chunk_latency = [t - t_sched[row_of_tick[c.obs_seq]] for t, c in rec.chunks if c.obs_seq in row_of_tick]
+    stages = stage_times_ms(rec, n, row_of_tick)
+    slo = getattr(cfg, "slo", None)
     byo = cfg.runtime.byo_spec is not None
     return {
         "schema": "edgeinfer.replay/1",
+        "schema_version": SCHEMA_VERSION,
+        "confidence": CONFIDENCE,
         "log": log.name,
         "rate_hz": round(log.rate_hz, 3),
         "deadline_ms": deadline_ms,
@@ -62,17 +80,23 @@ def summarize(rec, log, cfg, deadline_ms: float, stride: int) -> tuple[dict, dic
         "observations_sent": n,
         "commands_received": int(np.sum(outcome != "lost")),
         "latency_ms": latency_summary_ms(latency_ms * 1e6),
+        "latency_ci95_ms": latency_ci_ms(latency_ms * 1e6, CONFIDENCE),
+        "latency_histogram_us": {"bin_us": 1, "bins": histogram_us(latency_ms * 1e6)},
         "deadline_misses": misses,
         "miss_rate": misses / n if n else None,
-        "miss_rate_ci95": list(wilson_interval(misses, n)),
+        "miss_rate_ci95": list(clopper_pearson_interval(misses, n, CONFIDENCE)),  # its upper end: the bound
+        "slo": evaluate(parse_slo(slo), latency_ms, misses) | {"objective": slo} if slo else None,
+        "stages_ms": {k: latency_summary_ms(v * 1e6) for k, v in stages.items()},
         "outcomes": outcomes,
         "fallbacks": dict(fallbacks),
         "chunks": {"received": len(chunks), "rungs": dict(Counter(c.rung for c in chunks)),
                    "time_to_chunk_ms": latency_summary_ms(np.array(chunk_latency, dtype=float)),
+                   "time_to_chunk_ci95_ms": latency_ci_ms(np.array(chunk_latency, dtype=float), CONFIDENCE),
                    "time_to_first_action_ms": chunk_latency[0] / 1e6 if chunk_latency else None},
         "spec": {"acceptance_rate": sum(c.accepted for c in chunks) / drafted if drafted else None,
                  "tokens_per_target_pass": tokens / passes if passes else None,
-                 "target_passes_per_chunk": passes / len(chunks) if chunks else None},
+                 "target_passes_per_chunk": passes / len(chunks) if chunks else None,
+                 "drafted": drafted, "accepted": sum(c.accepted for c in chunks)},
         "quality": _quality(rec.commands, chunks, log, ticks, row_of_tick, stride),
         # Harness health: if these are large, misses may come from the replayer, not the system under test.
         "harness": {"replayer_send_lateness_ms": latency_summary_ms(send_lateness_ms * 1e6),
@@ -83,7 +107,40 @@ def summarize(rec, log, cfg, deadline_ms: float, stride: int) -> tuple[dict, dic
                     "rejected_commands": rec.rejected_commands,
                     "malformed_messages": rec.malformed},
     }, {"tick": ticks, "latency_ms": latency_ms, "outcome": outcome, "rung": rung,
-        "send_lateness_ms": send_lateness_ms, "at_control_send_ms": at_control_ms}
+        "send_lateness_ms": send_lateness_ms, "at_control_send_ms": at_control_ms, "stages_ms": stages,
+        "t_s": (t_sched - rec.t0_ns) / 1e9}
+
+
+# Stages of one observation's path, in order; each is measured between two timestamps the messages carry.
+STAGES = {
+    "send": "observation due -> sent by the replayer",
+    "receive+plan+decode": "observation sent -> chunk ready at the runtime",
+    "publish": "chunk ready -> chunk received by the replayer",
+    "control": "tick due -> command sent by the control loop",
+    "command": "command sent -> command received by the replayer",
+}
+# Not timestamped by any message yet, so not reported (an ActionChunk carries only t_obs_ns and t_ready_ns).
+UNMEASURED_STAGES = ("receive", "plan", "decode (separately)")
+
+
+def stage_times_ms(rec, n: int, row_of_tick: dict) -> dict[str, np.ndarray]:
+    """{stage: (n,) float ms per observation, NaN where not measured}, stages as in STAGES.
+
+    The receive+plan+decode and publish stages exist only for observations a chunk was built from (one per
+    chunk step); all timestamps are CLOCK_MONOTONIC of one host, so differences across processes are valid.
+    """
+    out = {k: np.full(n, np.nan) for k in STAGES}
+    out["send"] = (rec.t_sent_ns[:n] - rec.t_sched_ns[:n]) / 1e6
+    for t_recv, c in rec.chunks:
+        i = row_of_tick.get(c.obs_seq)
+        if i is not None and i < n and np.isnan(out["publish"][i]):
+            out["receive+plan+decode"][i] = (c.t_ready_ns - rec.t_sent_ns[i]) / 1e6
+            out["publish"][i] = (t_recv - c.t_ready_ns) / 1e6
+    for i in range(n):
+        if (got := rec.commands.get(int(rec.tick[i]))) is not None:
+            out["control"][i] = (got[1].t_ns - rec.t_sched_ns[i]) / 1e6
+            out["command"][i] = (got[0] - got[1].t_ns) / 1e6
+    return out
 
 
 def _quality(commands: dict, chunks: list, log, ticks, row_of_tick: dict, stride: int) -> dict:
@@ -101,7 +158,9 @@ def _quality(commands: dict, chunks: list, log, ticks, row_of_tick: dict, stride
             if (row := row_of_tick.get(c.obs_seq + h * stride)) is not None:
                 by_step.setdefault(h, []).append(c.steps_rad[h] - log.q_rad[row])
     rmse = lambda e: float(np.sqrt(np.mean(np.square(e)))) if len(e) else None  # noqa: E731
-    return {"action_rmse_rad": rmse(cmd_err), "ticks_compared": len(cmd_err),
+    ci = rms_ci(np.array(cmd_err), batch=50, confidence=CONFIDENCE) if cmd_err else None
+    return {"action_rmse_rad": rmse(cmd_err), "action_rmse_rad_ci95": None if ci is None else list(ci),
+            "ticks_compared": len(cmd_err),
             "chunk_rmse_rad_by_step": [rmse(by_step[h]) for h in sorted(by_step)],
             "chunk_steps_compared": [len(by_step[h]) for h in sorted(by_step)]}
 

@@ -27,7 +27,8 @@ from edgeinfer.control.loop import ControlConfig
 from edgeinfer.engines.engine import unavailable_reason
 from edgeinfer.sim.logs import ArmLog, LogError, read_schunk, synthetic_log
 from edgeinfer.sim.metrics import summarize, write_ticks
-from edgeinfer.sim.report import plot_latency, print_table, write_report
+from edgeinfer.sim.plots import write_plots
+from edgeinfer.sim.report import print_table, write_report
 from edgeinfer.sim.schedule import previous_rows, tick_grid
 from rich.console import Console
 
@@ -54,6 +55,8 @@ class ReplayConfig:
     # Pin the replayer and control loop to CPU 0 and the runtime to the others (when there are >= 2 and
     # the runtime/control CPU options are unset), so real-time wake-ups never preempt a decode.
     pin_cpus: bool = True
+    # Service-level objective judged with confidence bounds, e.g. "p99<=5ms,miss<=0.1%" (see sim/slo.py)
+    slo: str | None = None
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
     control: ControlConfig = field(default_factory=ControlConfig)
 
@@ -70,6 +73,10 @@ class ReplayConfig:
             raise ValueError(f"ReplayConfig.kill_runtime_at_tick must be >= 0, got {self.kill_runtime_at_tick}")
         if not 0 <= self.replayer_priority <= 99:
             raise ValueError(f"ReplayConfig.replayer_priority must be in 0..99, got {self.replayer_priority}")
+        if self.slo is not None:
+            from edgeinfer.sim.slo import parse_slo
+
+            parse_slo(self.slo)  # raises SLOError (a ValueError) naming the bad term
 
 
 @dataclass
@@ -132,7 +139,7 @@ def check_run_fits(log: ArmLog, policy: dict, cfg: ReplayConfig, deadline_ms: fl
 
 
 def replay(cfg: ReplayConfig, console: Console | None = None) -> dict:
-    """Run one replay end to end; writes report.json, ticks.csv and latency.png under cfg.out.
+    """Run one replay end to end; writes report.json, ticks.csv and the plots.PLOT_FILES PNGs under cfg.out.
 
     Returns the report dict. Raises LogError for a log the policy cannot run on, RuntimeError when a
     child process dies during start-up, TimeoutError when the handshake does not complete. SIGINT or
@@ -195,8 +202,7 @@ def replay(cfg: ReplayConfig, console: Console | None = None) -> dict:
         console.print(f"[yellow]replayer: {rt_warning}[/yellow]")
     write_report(report, cfg.out)
     write_ticks(per_tick, cfg.out / "ticks.csv")
-    plot_latency(per_tick["latency_ms"], deadline_ms, per_tick["outcome"] != "on_time", cfg.out / "latency.png",
-                 f"{report['log']} ({report['decode']})")
+    write_plots(report, per_tick, cfg.out)
     print_table([report], console)
     return report
 

@@ -1,7 +1,8 @@
-"""Replay reports: report.json on disk, a side-by-side terminal table, and a latency plot.
+"""Replay reports: report.json on disk and a side-by-side terminal table (the plots are in sim.plots).
 
-The report dict ("edgeinfer.replay/1") is built elsewhere; these functions only read it, and tolerate extra
-keys and None wherever a value could not be measured (no speculative decoding, no ground truth, ...).
+The report dict ("edgeinfer.replay/1", schema_version in sim.metrics) is built elsewhere; these functions
+only read it, and tolerate extra keys, older versions and None wherever a value could not be measured (no
+speculative decoding, no ground truth, a run too short for an interval, ...).
 """
 from __future__ import annotations
 
@@ -71,6 +72,37 @@ def _num(x: Any, fmt: str = "{:.3f}") -> str:
         return str(x)
 
 
+def _latency(report: dict, key: str) -> str:
+    """"1.234 [1.1, 1.3]": the percentile with its 95 % interval when the report has one."""
+    text = _num(_get(report, "latency_ms", key))
+    ci = _get(report, "latency_ci95_ms", key)
+    if text != _MISSING and isinstance(ci, (list, tuple)) and len(ci) == 2 and None not in ci:
+        text += f" [{ci[0]:.3f}, {ci[1]:.3f}]"
+    return text
+
+
+def _slo(report: dict) -> str:
+    slo = report.get("slo")
+    if not isinstance(slo, dict):
+        return _MISSING
+    colour = "green" if slo.get("verdict") == "VALID" else "red"
+    return f"[{colour}]{slo.get('verdict')}[/{colour}] ({slo.get('objective')})"
+
+
+def _slo_rows(reports: list[dict]) -> list[tuple[str, Any]]:
+    """One row per objective term (union over reports): "VALID" or "INVALID: reason"."""
+    terms: list[str] = []
+    for r in reports:
+        for t in _get(r, "slo", "terms") or []:
+            if t.get("term") not in terms:
+                terms.append(t.get("term"))
+
+    def cell(r, term):
+        t = next((t for t in _get(r, "slo", "terms") or [] if t.get("term") == term), None)
+        return _MISSING if t is None else f"{t.get('verdict')}: {t.get('reason')}"
+    return [(f"  slo {term}", lambda r, term=term: cell(r, term)) for term in terms]
+
+
 def _miss_rate(report: dict) -> str:
     rate = report.get("miss_rate")
     if rate is None:
@@ -90,9 +122,9 @@ def _column_title(report: dict, i: int) -> str:
 def print_table(reports: list[dict], console: Console | None = None) -> Table:
     """Print one rich Table with a column per report (e.g. target-only next to speculative); returns it.
 
-    Rows: log, decode, rate, deadline, counts, latency p50/p99/max, misses, miss rate with 95 % CI,
-    fallbacks per rung (union over reports), acceptance rate, tokens per target pass, action RMSE.
-    Missing or None values print as "-".
+    Rows: log, decode, rate, deadline, counts, latency p50/p90/p99/p999 with 95 % CIs and max, misses, miss
+    rate with its 95 % CI, the SLO verdict and one row per objective, fallbacks per rung (union over
+    reports), acceptance rate, tokens per target pass, action RMSE. Missing or None values print as "-".
     """
     console = console or Console()
     table = Table(title="edgeinfer replay")
@@ -108,11 +140,12 @@ def print_table(reports: list[dict], console: Console | None = None) -> Table:
         ("deadline_ms", lambda r: _num(r.get("deadline_ms"), "{:.2f}")),
         ("observations_sent", lambda r: _num(r.get("observations_sent"))),
         ("commands_received", lambda r: _num(r.get("commands_received"))),
-        ("latency p50 ms", lambda r: _num(_get(r, "latency_ms", "p50"))),
-        ("latency p99 ms", lambda r: _num(_get(r, "latency_ms", "p99"))),
+        *((f"latency {k} ms [95% CI]", lambda r, k=k: _latency(r, k)) for k in ("p50", "p90", "p99", "p999")),
         ("latency max ms", lambda r: _num(_get(r, "latency_ms", "max"))),
         ("deadline_misses", lambda r: _num(r.get("deadline_misses"))),
         ("miss_rate [95% CI]", _miss_rate),
+        ("slo", _slo),
+        *_slo_rows(reports),
     ]
     rungs: list[str] = []
     for r in reports:
@@ -129,49 +162,3 @@ def print_table(reports: list[dict], console: Console | None = None) -> Table:
         table.add_row(label, *(cell(r) for r in reports))
     console.print(table)
     return table
-
-
-def plot_latency(latencies_ms: np.ndarray, deadline_ms: float, miss_mask: np.ndarray, path: str | Path,
-                 title: str) -> Path:
-    """Save a two-panel PNG: latency per tick with misses in red (left), log-y histogram (right).
-
-    latencies_ms: (N,) float ms per tick, NaN for ticks with no command (a missed one is drawn as a red x on
-    the deadline line). miss_mask: (N,) bool, True where the tick missed its deadline.
-    Raises ValueError if the shapes differ.
-    """
-    # Figure + Agg canvas directly (no pyplot): no global backend switch, no display needed, thread-safe.
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    lat = np.asarray(latencies_ms, dtype=np.float64).ravel()
-    miss = np.asarray(miss_mask, dtype=bool).ravel()
-    if lat.shape != miss.shape:
-        raise ValueError(f"latencies_ms {lat.shape} and miss_mask {miss.shape} differ")
-    ticks = np.arange(lat.size)
-    finite = np.isfinite(lat)
-
-    fig = Figure(figsize=(12, 4.5), layout="constrained")
-    FigureCanvasAgg(fig)
-    ax_t, ax_h = fig.subplots(1, 2, width_ratios=[2, 1])
-    ax_t.plot(ticks[finite], lat[finite], lw=0.6, color="tab:blue", label="latency")
-    shown = miss & finite
-    ax_t.scatter(ticks[shown], lat[shown], s=10, color="red", zorder=3, label=f"miss ({int(miss.sum())})")
-    lost = miss & ~finite
-    if lost.any():  # no latency to plot, but a lost command is still a miss: mark it on the deadline line
-        ax_t.scatter(ticks[lost], np.full(int(lost.sum()), deadline_ms), marker="x", color="red", zorder=3,
-                     label=f"lost ({int(lost.sum())})")
-    ax_t.axhline(deadline_ms, color="black", ls="--", lw=1, label=f"deadline {deadline_ms:g} ms")
-    ax_t.set(xlabel="tick", ylabel="latency (ms)", title="latency per tick")
-    ax_t.legend(loc="upper right", fontsize="small")
-
-    if finite.any():
-        ax_h.hist(lat[finite], bins=min(100, max(10, int(finite.sum()) // 10)), color="tab:blue")
-        ax_h.set_yscale("log")
-    ax_h.axvline(deadline_ms, color="black", ls="--", lw=1)
-    ax_h.set(xlabel="latency (ms)", ylabel="ticks", title="histogram")
-    fig.suptitle(title)
-
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    return path

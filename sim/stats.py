@@ -21,6 +21,12 @@ def _finite(samples) -> np.ndarray:
     return x[np.isfinite(x)]
 
 
+def _nan_as_inf(samples) -> np.ndarray:
+    """(N,) float64 with NaN (a lost sample: no latency at all) as +inf, so that it fails every threshold."""
+    x = np.asarray(samples, dtype=np.float64).ravel()
+    return np.where(np.isnan(x), np.inf, x)
+
+
 def latency_summary_ms(latencies_ns: np.ndarray) -> dict[str, float | None]:
     """Summarise latencies: (N,) int or float nanoseconds -> {p50, p90, p99, p999, max, mean} in ms.
 
@@ -101,3 +107,223 @@ def quantile_ci(samples, q: float, confidence: float = 0.95) -> tuple[float, flo
         return None
     l_rank, u_rank = int(lower_ok[-1]) + 1, int(upper_ok[0]) + 1
     return float(x[l_rank - 1]), float(x[u_rank - 1])
+
+
+# --- exact binomial tools: Clopper-Pearson, LoadGen early stopping, two-sample tests ----------------------
+
+def binom_cdf(k: int, n: int, p: float) -> float:
+    """P(B <= k) for B ~ Binomial(n, p), summed exactly in log space over j = 0..k (O(k), no overflow).
+
+    Raises ValueError unless n >= 0 and 0 <= p <= 1. k < 0 gives 0.0 and k >= n gives 1.0.
+    """
+    if n < 0 or not 0.0 <= p <= 1.0:
+        raise ValueError(f"need n >= 0 and 0 <= p <= 1, got n={n}, p={p}")
+    if k < 0:
+        return 0.0
+    if k >= n:
+        return 1.0
+    if p == 0.0:
+        return 1.0
+    if p == 1.0:
+        return 0.0
+    j = np.arange(1, k + 1, dtype=np.float64)
+    # log pmf(j) = log pmf(j-1) + log((n-j+1)/j) + log(p/(1-p)), from log pmf(0) = n log(1-p)
+    steps = np.log(n - j + 1.0) - np.log(j) + (math.log(p) - math.log1p(-p))
+    log_pmf = n * math.log1p(-p) + np.concatenate([[0.0], np.cumsum(steps)])
+    top = float(log_pmf.max())
+    return min(1.0, math.exp(top) * float(np.exp(log_pmf - top).sum()))
+
+
+def _bisect_p(f, target: float, iters: int = 200) -> float:
+    """The p in [0, 1] where the decreasing function f(p) crosses target (bisection to float resolution)."""
+    lo, hi = 0.0, 1.0
+    for _ in range(iters):
+        mid = 0.5 * (lo + hi)
+        if mid in (lo, hi):
+            break
+        if f(mid) > target:
+            lo = mid
+        else:
+            hi = mid
+    return 0.5 * (lo + hi)
+
+
+def clopper_pearson_interval(k: int, n: int, confidence: float = 0.95) -> tuple[float, float]:
+    """Exact (Clopper & Pearson 1934, Biometrika 26:404) interval for a binomial proportion k/n.
+
+    The bounds solve P(B >= k | p_lo) = a/2 and P(B <= k | p_hi) = a/2 with a = 1 - confidence, i.e. the
+    a/2 and 1 - a/2 quantiles of Beta(k, n-k+1) and Beta(k+1, n-k); here found by bisection on the exact
+    binomial CDF (no scipy needed). Coverage is at least the nominal level for every p (it is conservative),
+    which is what a bound on a deadline-miss rate should be. n == 0 gives (0.0, 1.0).
+    Raises ValueError unless 0 <= k <= n and 0 < confidence < 1.
+    """
+    _z(confidence)
+    if n < 0 or not 0 <= k <= max(n, 0):
+        raise ValueError(f"need 0 <= k <= n, got k={k}, n={n}")
+    if n == 0:
+        return 0.0, 1.0
+    half = (1.0 - confidence) / 2.0
+    lo = 0.0 if k == 0 else _bisect_p(lambda p: binom_cdf(k - 1, n, p), 1.0 - half)
+    hi = 1.0 if k == n else _bisect_p(lambda p: binom_cdf(k, n, p), half)
+    return lo, hi
+
+
+def min_passing_samples(n_over: int, percentile: float, confidence: float = 0.99) -> int:
+    """MLPerf LoadGen's early-stopping sample count: the least number h of samples at or under a latency
+    threshold such that, with n_over samples over it, "the `percentile` quantile is <= the threshold" holds
+    with the given confidence.
+
+    LoadGen (mlcommons/inference, loadgen/early_stopping.cc, tolerance d = 0) treats each sample as a
+    Bernoulli trial that is over the threshold with probability 1 - percentile when the quantile sits exactly
+    at the threshold, and passes when P(Binomial(h + n_over, 1 - percentile) <= n_over) < 1 - confidence.
+    percentile: in (0, 1), e.g. 0.99. Raises ValueError for n_over < 0 or arguments out of range.
+    """
+    if n_over < 0:
+        raise ValueError(f"n_over must be >= 0, got {n_over}")
+    if not 0.0 < percentile < 1.0:
+        raise ValueError(f"percentile must be in (0, 1), got {percentile}")
+    _z(confidence)
+    q = 1.0 - percentile
+
+    def passes(h: int) -> bool:
+        return binom_cdf(n_over, h + n_over, q) < 1.0 - confidence
+
+    lo = math.ceil(math.log(1.0 - confidence) / math.log(percentile))  # the exact answer for n_over == 0
+    if passes(lo - 1):  # float rounding at the boundary
+        lo -= 1
+    hi = max(lo, 1)
+    while not passes(hi):
+        lo, hi = hi, hi * 2
+    while lo < hi:  # least h in [lo, hi] that passes; passes() is monotone in h
+        mid = (lo + hi) // 2
+        if passes(mid):
+            hi = mid
+        else:
+            lo = mid + 1
+    return hi
+
+
+def early_stopping_passes(n_over: int, n: int, percentile: float, confidence: float = 0.99) -> bool:
+    """True when n samples of which n_over exceed a threshold show, at `confidence`, that the `percentile`
+    quantile is at or under that threshold (LoadGen's early-stopping criterion, see min_passing_samples).
+    Raises ValueError unless 0 <= n_over <= n."""
+    if not 0 <= n_over <= n:
+        raise ValueError(f"need 0 <= n_over <= n, got n_over={n_over}, n={n}")
+    return binom_cdf(n_over, n, 1.0 - percentile) < 1.0 - confidence
+
+
+def early_stopping_estimate(samples, percentile: float, confidence: float = 0.99) -> float | None:
+    """Upper confidence bound on the `percentile` quantile: the smallest sample x such that the samples above
+    x still pass early_stopping_passes (LoadGen's SingleStream "early stopping percentile estimate").
+
+    samples: (N,) numbers in any unit; NaN counts as +inf (a lost sample fails any latency threshold).
+    Returns the bound in the samples' unit (inf when lost samples decide it), or None when N is too small
+    for any bound (fewer than min_passing_samples(0, percentile, confidence) samples).
+    It equals the upper end of quantile_ci(samples, percentile, 2 * confidence - 1) (same binomial event).
+    """
+    x = np.sort(_nan_as_inf(samples))
+    n = x.size
+    if n == 0 or not early_stopping_passes(0, n, percentile, confidence):
+        return None
+    lo, hi = 0, n - 1  # largest t with early_stopping_passes(t, n): monotone decreasing in t
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if early_stopping_passes(mid, n, percentile, confidence):
+            lo = mid
+        else:
+            hi = mid - 1
+    return float(x[n - lo - 1])  # exactly lo samples lie above it (fewer with ties)
+
+
+def mean_ci(samples, confidence: float = 0.95) -> tuple[float, float] | None:
+    """Normal-approximation (central limit theorem) interval for the mean: mean -+ z * s / sqrt(n).
+
+    samples: (N,) numbers, NaN counted as +inf (the mean is then unbounded: (inf, inf)). Consecutive ticks
+    are correlated, so this interval is optimistic for time series; it is reported, and used for a mean
+    objective, because no distribution-free bound on a mean exists. None for N < 2.
+    """
+    x = _nan_as_inf(samples)
+    if x.size < 2:
+        return None
+    if not np.all(np.isfinite(x)):
+        return math.inf, math.inf
+    half = _z(confidence) * float(x.std(ddof=1)) / math.sqrt(x.size)
+    return float(x.mean()) - half, float(x.mean()) + half
+
+
+def _log_comb(n: int, k: np.ndarray) -> np.ndarray:
+    lg = np.vectorize(math.lgamma, otypes=[float])
+    return math.lgamma(n + 1) - lg(k + 1.0) - lg(n - k + 1.0)
+
+
+def fisher_exact_p(k_a: int, n_a: int, k_b: int, n_b: int) -> float:
+    """Two-sided p-value of Fisher's exact test that two binomial proportions k_a/n_a and k_b/n_b are equal.
+
+    Conditions on the total k_a + k_b (hypergeometric); the p-value sums the probabilities of all tables no
+    more likely than the observed one (the convention of R's fisher.test and scipy.stats.fisher_exact), with
+    a 1e-7 relative tolerance for ties. Raises ValueError unless 0 <= k <= n for both samples.
+    """
+    for k, n in ((k_a, n_a), (k_b, n_b)):
+        if not 0 <= k <= n:
+            raise ValueError(f"need 0 <= k <= n, got k={k}, n={n}")
+    total = k_a + k_b
+    x = np.arange(max(0, total - n_b), min(total, n_a) + 1)
+    log_p = _log_comb(n_a, x) + _log_comb(n_b, total - x) - float(_log_comb(n_a + n_b, np.array([total]))[0])
+    observed = log_p[x == k_a][0]
+    return float(min(1.0, np.exp(log_p[log_p <= observed + 1e-7]).sum()))
+
+
+def exceedance_p(m: int, n_a: int, n_b: int) -> float:
+    """P(at least m of sample B exceed the maximum of sample A) when both come from one distribution:
+    C(n_b, m) / C(n_a + n_b, m), the exceedance test of Rosenbaum (1954, Ann. Math. Stat. 25:146).
+
+    Judges a worse maximum from two runs: 5 of 1000 new ticks above the old run's max gives p ~ 0.03.
+    Raises ValueError unless 0 <= m <= n_b and n_a >= 1.
+    """
+    if n_a < 1 or not 0 <= m <= n_b:
+        raise ValueError(f"need n_a >= 1 and 0 <= m <= n_b, got m={m}, n_a={n_a}, n_b={n_b}")
+    i = np.arange(m, dtype=np.float64)
+    return float(np.exp(np.sum(np.log(n_b - i) - np.log(n_a + n_b - i))))
+
+
+# --- report helpers ----------------------------------------------------------------------------------------
+
+def latency_ci_ms(latencies_ns, confidence: float = 0.95) -> dict[str, list[float] | None]:
+    """{p50, p90, p99, p999: [lo, hi] ms or None} from quantile_ci on the finite entries of (N,) ns
+    latencies; None where N is too small for that percentile (p999 needs N >= 3,689 at 95 %)."""
+    x_ms = _finite(latencies_ns) / 1e6
+    out: dict[str, list[float] | None] = {}
+    for key, p in SUMMARY_PERCENTILES:
+        ci = quantile_ci(x_ms, p / 100.0, confidence)
+        out[key] = None if ci is None else [ci[0], ci[1]]
+    return out
+
+
+def histogram_us(latencies_ns, bin_us: int = 1) -> list[list[int]]:
+    """cyclictest-style latency histogram, sparse: [[bin start in us, count], ...] ascending, for the finite
+    entries of (N,) ns latencies in `bin_us` bins (negative latencies get negative bins). Raises ValueError
+    for bin_us < 1."""
+    if bin_us < 1:
+        raise ValueError(f"bin_us must be >= 1, got {bin_us}")
+    x = _finite(latencies_ns)
+    bins, counts = np.unique(np.floor(x / (1000.0 * bin_us)).astype(np.int64), return_counts=True)
+    return [[int(b) * bin_us, int(c)] for b, c in zip(bins, counts)]
+
+
+def rms_ci(errors, batch: int = 50, confidence: float = 0.95) -> tuple[float, float] | None:
+    """Batch-means interval for the root mean square of a time series of errors.
+
+    errors: (N, ...) per-tick errors (any unit; all trailing axes are averaged per tick). Consecutive ticks
+    are strongly correlated, so the interval is built on the means of non-overlapping batches of `batch`
+    ticks (the batch-means method, Law & Kelton, Simulation Modeling and Analysis, ch. 9) with a normal
+    quantile, then square-rooted. Returns (lo, hi) in the errors' unit, or None for fewer than 2 batches.
+    """
+    e = np.asarray(errors, dtype=np.float64)
+    if e.ndim == 0 or e.shape[0] < 2 * batch:
+        return None
+    per_tick = np.square(e).reshape(e.shape[0], -1).mean(axis=1)
+    k = per_tick.size // batch
+    means = per_tick[: k * batch].reshape(k, batch).mean(axis=1)
+    half = _z(confidence) * float(means.std(ddof=1)) / math.sqrt(k)
+    centre = float(means.mean())
+    return math.sqrt(max(0.0, centre - half)), math.sqrt(centre + half)

@@ -4,8 +4,22 @@ import json
 
 import numpy as np
 import pytest
-from edgeinfer.sim.report import plot_latency, print_table, write_report
-from edgeinfer.sim.stats import latency_summary_ms, quantile_ci, wilson_interval
+from edgeinfer.sim.report import print_table, write_report
+from edgeinfer.sim.stats import (
+    binom_cdf,
+    clopper_pearson_interval,
+    early_stopping_estimate,
+    early_stopping_passes,
+    exceedance_p,
+    fisher_exact_p,
+    histogram_us,
+    latency_summary_ms,
+    mean_ci,
+    min_passing_samples,
+    quantile_ci,
+    rms_ci,
+    wilson_interval,
+)
 from rich.console import Console
 
 
@@ -89,12 +103,96 @@ def test_write_report(tmp_path):
     assert back["quality"]["action_rmse_rad"] is None and back["schema"] == "edgeinfer.replay/1"
 
 
-def test_plot_latency_writes_png(tmp_path):
-    rng = np.random.default_rng(2)
-    lat = rng.gamma(4.0, 0.5, size=1000)
-    lat[10] = np.nan
-    path = plot_latency(lat, 4.0, (lat > 4.0) | np.isnan(lat), tmp_path / "plots" / "latency.png", "smoke")
-    data = path.read_bytes()
-    assert len(data) > 1000 and data[:8] == b"\x89PNG\r\n\x1a\n"
+def test_binom_cdf_matches_scipy():
+    st = pytest.importorskip("scipy.stats")
+    for k, n, p in ((0, 10, 0.1), (3, 10, 0.5), (7, 937, 0.01), (50, 100_000, 0.001), (9, 10, 0.99)):
+        assert binom_cdf(k, n, p) == pytest.approx(st.binom.cdf(k, n, p), rel=1e-9)
+    assert binom_cdf(-1, 5, 0.3) == 0.0 and binom_cdf(5, 5, 0.3) == 1.0
+    assert binom_cdf(2, 5, 0.0) == 1.0 and binom_cdf(2, 5, 1.0) == 0.0
     with pytest.raises(ValueError):
-        plot_latency(lat, 4.0, lat[:10] > 4.0, tmp_path / "bad.png", "bad")
+        binom_cdf(1, 5, 1.5)
+
+
+def test_clopper_pearson_matches_scipy():
+    st = pytest.importorskip("scipy.stats")
+    for k, n in ((0, 100), (5, 100), (100, 100), (1, 937), (37, 937), (3, 10_000), (500, 1000), (2, 10**6)):
+        for conf in (0.9, 0.95, 0.99):
+            ref = st.binomtest(k, n).proportion_ci(conf, method="exact")
+            lo, hi = clopper_pearson_interval(k, n, conf)
+            assert lo == pytest.approx(ref.low, rel=1e-5, abs=1e-15) and hi == pytest.approx(ref.high, rel=1e-5)
+    # 0 misses in n ticks: the upper bound has the closed form 1 - (a/2)^(1/n) ("rule of three" ~ 3.7/n)
+    assert clopper_pearson_interval(0, 937)[1] == pytest.approx(1 - 0.025 ** (1 / 937), rel=1e-9)
+    assert clopper_pearson_interval(0, 0) == (0.0, 1.0)
+    for args in ((5, 4), (-1, 10)):
+        with pytest.raises(ValueError):
+            clopper_pearson_interval(*args)
+
+
+def test_loadgen_min_passing_samples_known_values():
+    # h for t = 0 is ceil(log(1 - c) / log(p)): 44 at p90 and 459 at p99 with LoadGen's c = 0.99
+    assert min_passing_samples(0, 0.90, 0.99) == 44
+    assert min_passing_samples(0, 0.99, 0.99) == 459
+    # LoadGen's SingleStream needs 64 queries for one over-latency query at p90, 99 % (h = 63, t = 1)
+    assert min_passing_samples(1, 0.90, 0.99) == 63
+    st = pytest.importorskip("scipy.stats")
+    for t in (0, 1, 5, 20):
+        for p, c in ((0.9, 0.99), (0.99, 0.975), (0.999, 0.95)):
+            h = min_passing_samples(t, p, c)
+            # h is the least passing count: LoadGen's odds(h, t) = P(Binomial(h+t, 1-p) <= t) < 1 - c
+            assert st.binom.cdf(t, h + t, 1 - p) < 1 - c <= st.binom.cdf(t, h - 1 + t, 1 - p)
+            assert early_stopping_passes(t, h + t, p, c) and not early_stopping_passes(t, h + t - 1, p, c)
+    with pytest.raises(ValueError):
+        min_passing_samples(-1, 0.9)
+
+
+def test_early_stopping_estimate_is_the_order_statistic_bound():
+    rng = np.random.default_rng(3)
+    for n in (400, 937, 5000):
+        x = rng.lognormal(0, 0.5, n)
+        for p in (0.5, 0.9, 0.99):
+            assert early_stopping_estimate(x, p, 0.975) == quantile_ci(x, p, 0.95)[1]
+    x = np.arange(1, 1001.0)
+    est = early_stopping_estimate(x, 0.99, 0.99)
+    above = int(np.sum(x > est))  # the samples above the estimate still pass; one more would not
+    assert early_stopping_passes(above, 1000, 0.99, 0.99) and not early_stopping_passes(above + 1, 1000, 0.99, 0.99)
+    assert early_stopping_estimate(np.arange(100.0), 0.99, 0.99) is None  # < 459 samples
+    lost = np.r_[np.ones(990), np.full(10, np.nan)]  # lost samples are +inf: 1 % lost cannot show a p99
+    assert early_stopping_estimate(lost, 0.99, 0.975) == np.inf
+
+
+def test_fisher_exact_matches_scipy():
+    st = pytest.importorskip("scipy.stats")
+    for ka, na, kb, nb in ((0, 937, 5, 937), (3, 100, 10, 120), (0, 10, 0, 10), (12, 1500, 30, 1500),
+                           (1, 2, 1, 3), (750, 1500, 0, 1500)):
+        ref = st.fisher_exact([[ka, na - ka], [kb, nb - kb]]).pvalue
+        assert fisher_exact_p(ka, na, kb, nb) == pytest.approx(ref, rel=1e-6)
+    with pytest.raises(ValueError):
+        fisher_exact_p(5, 4, 0, 1)
+
+
+def test_exceedance_and_mean_and_rms_intervals():
+    assert exceedance_p(0, 10, 10) == 1.0
+    assert exceedance_p(1, 10, 10) == pytest.approx(10 / 20)
+    assert exceedance_p(5, 1000, 1000) == pytest.approx(np.prod([(1000 - i) / (2000 - i) for i in range(5)]))
+    # simulation: under one distribution the test rejects at most ~alpha of the time
+    rng = np.random.default_rng(4)
+    rejects = 0
+    for _ in range(300):
+        a, b = rng.random(200), rng.random(200)
+        rejects += exceedance_p(int(np.sum(b > a.max())), 200, 200) < 0.05
+    assert rejects / 300 < 0.08
+    lo, hi = mean_ci(rng.normal(10.0, 1.0, 10_000))
+    assert lo < 10.0 < hi and hi - lo == pytest.approx(2 * 1.96 / 100, rel=0.05)
+    assert mean_ci([1.0, np.nan]) == (np.inf, np.inf) and mean_ci([1.0]) is None
+    e = rng.normal(0, 0.01, (2000, 6))
+    lo, hi = rms_ci(e, batch=50)
+    assert lo < 0.01 < hi
+    assert rms_ci(e[:60], batch=50) is None
+
+
+def test_histogram_us_is_sparse_1us_bins():
+    h = histogram_us(np.array([1_000, 1_999, 2_000, 2_500, 10_000_000, np.nan]))
+    assert h == [[1, 2], [2, 2], [10_000, 1]]
+    assert histogram_us(np.array([-1500.0, 2500.0]), bin_us=2) == [[-2, 1], [2, 1]]
+    with pytest.raises(ValueError):
+        histogram_us(np.array([1.0]), bin_us=0)
