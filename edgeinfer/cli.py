@@ -32,6 +32,13 @@ def main(argv: list[str] | None = None) -> int:
     add_options(p, DistillConfig)
     p = sub.add_parser("build", help="build an engine (backend, precision, device), gated on held-out quality")
     add_options(p, BuildConfig)
+    p = sub.add_parser("compare", help="compare two replay reports (A = baseline, B = candidate) figure by "
+                                       "figure, with verdicts from the confidence intervals")
+    p.add_argument("a", type=Path, metavar="A.json")
+    p.add_argument("b", type=Path, metavar="B.json")
+    p.add_argument("--json", type=Path, default=None, metavar="OUT", help="also write the comparison as JSON")
+    p.add_argument("--fail-on-regression", action="store_true", help="exit 1 when any figure is worse")
+    p.add_argument("--alpha", type=float, default=0.05, help="per-figure significance level (default: 0.05)")
     p = sub.add_parser("bench", help="benchmarks: `bench engines` (backends and precisions), `bench spec` "
                                      "(speculative decoding: drafters, k, adaptive, sampling, the HF peer)")
     p.add_argument("suite", choices=["engines", "spec"], help="which benchmark (each has its own -h)")
@@ -60,7 +67,8 @@ def _run(args, parser) -> int:
         except ValueError as e:
             raise ValueError(f"{args.launch}: {e}" if args.launch else str(e)) from None
         report = replay(cfg)
-        print(f"wrote {cfg.out}/: report.json, ticks.csv, latency.png, runtime.log, control.log")
+        print(f"wrote {cfg.out}/: report.json, ticks.csv, latency_histogram.png, latency.png, stages.png, "
+              "runtime.log, control.log")
         if report["interrupted"]:
             return 130
         return 0 if all(code == 0 for code in report["process_exit_codes"].values()) else 1
@@ -100,6 +108,10 @@ def _run(args, parser) -> int:
         draft = distill(load_policy(), cfg)
         print(f"wrote {cfg.out}; held-out: {draft.manifest.get('metrics_held_out')}")
         return 0
+    if args.command == "compare":
+        from edgeinfer.sim.compare import main as compare
+
+        return compare(args.a, args.b, args.json, args.fail_on_regression, args.alpha)
     if args.command == "build":
         from edgeinfer.engines.build import build as build_engine
 

@@ -256,21 +256,30 @@ def _log_comb(n: int, k: np.ndarray) -> np.ndarray:
     return math.lgamma(n + 1) - lg(k + 1.0) - lg(n - k + 1.0)
 
 
-def fisher_exact_p(k_a: int, n_a: int, k_b: int, n_b: int) -> float:
-    """Two-sided p-value of Fisher's exact test that two binomial proportions k_a/n_a and k_b/n_b are equal.
+def fisher_exact_p(k_a: int, n_a: int, k_b: int, n_b: int, alternative: str = "two-sided") -> float:
+    """p-value of Fisher's exact test that two binomial proportions k_a/n_a and k_b/n_b are equal.
 
-    Conditions on the total k_a + k_b (hypergeometric); the p-value sums the probabilities of all tables no
-    more likely than the observed one (the convention of R's fisher.test and scipy.stats.fisher_exact), with
-    a 1e-7 relative tolerance for ties. Raises ValueError unless 0 <= k <= n for both samples.
+    Conditions on the total k_a + k_b (hypergeometric). alternative: "two-sided" sums the probabilities of
+    all tables no more likely than the observed one (the convention of R's fisher.test and
+    scipy.stats.fisher_exact, 1e-7 relative tolerance for ties); "b_greater" is P(B's count >= k_b), the
+    one-sided test that B's proportion is higher; "b_less" is P(B's count <= k_b).
+    Raises ValueError unless 0 <= k <= n for both samples and alternative is one of those.
     """
     for k, n in ((k_a, n_a), (k_b, n_b)):
         if not 0 <= k <= n:
             raise ValueError(f"need 0 <= k <= n, got k={k}, n={n}")
+    if alternative not in ("two-sided", "b_greater", "b_less"):
+        raise ValueError(f"alternative must be two-sided, b_greater or b_less, got {alternative!r}")
     total = k_a + k_b
-    x = np.arange(max(0, total - n_b), min(total, n_a) + 1)
-    log_p = _log_comb(n_a, x) + _log_comb(n_b, total - x) - float(_log_comb(n_a + n_b, np.array([total]))[0])
-    observed = log_p[x == k_a][0]
-    return float(min(1.0, np.exp(log_p[log_p <= observed + 1e-7]).sum()))
+    x = np.arange(max(0, total - n_a), min(total, n_b) + 1)  # B's possible counts
+    log_p = _log_comb(n_b, x) + _log_comb(n_a, total - x) - float(_log_comb(n_a + n_b, np.array([total]))[0])
+    if alternative == "b_greater":
+        sel = x >= k_b
+    elif alternative == "b_less":
+        sel = x <= k_b
+    else:
+        sel = log_p <= log_p[x == k_b][0] + 1e-7
+    return float(min(1.0, np.exp(log_p[sel]).sum()))
 
 
 def exceedance_p(m: int, n_a: int, n_b: int) -> float:

@@ -166,6 +166,11 @@ def test_fisher_exact_matches_scipy():
                            (1, 2, 1, 3), (750, 1500, 0, 1500)):
         ref = st.fisher_exact([[ka, na - ka], [kb, nb - kb]]).pvalue
         assert fisher_exact_p(ka, na, kb, nb) == pytest.approx(ref, rel=1e-6)
+        # one-sided: B's proportion higher <=> the table's odds ratio below 1
+        less = st.fisher_exact([[ka, na - ka], [kb, nb - kb]], alternative="less").pvalue
+        greater = st.fisher_exact([[ka, na - ka], [kb, nb - kb]], alternative="greater").pvalue
+        assert fisher_exact_p(ka, na, kb, nb, "b_greater") == pytest.approx(less, rel=1e-6)
+        assert fisher_exact_p(ka, na, kb, nb, "b_less") == pytest.approx(greater, rel=1e-6)
     with pytest.raises(ValueError):
         fisher_exact_p(5, 4, 0, 1)
 

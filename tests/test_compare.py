@@ -1,0 +1,91 @@
+"""`edgeinfer compare`: degraded figures are flagged, unchanged ones are not; the CLI's exit codes and JSON."""
+import json
+import subprocess
+import sys
+
+import pytest
+from edgeinfer.sim.compare import BETTER, NOT_JUDGED, SAME, WORSE, ReportError, compare, load_report, regressions
+from edgeinfer.sim.report import write_report
+from synthetic_runs import report
+
+
+@pytest.fixture(scope="module")
+def clean():
+    return report("clean", seed=0)[0]
+
+
+def _verdicts(rows):
+    return {r["figure"]: r["verdict"] for r in rows}
+
+
+def test_two_clean_runs_differ_in_nothing(clean):
+    rows = compare(clean, report("clean again", seed=1)[0])
+    assert {v for v in _verdicts(rows).values()} <= {SAME, NOT_JUDGED}
+    by = _verdicts(rows)
+    assert by["latency p50"] == by["latency p99"] == by["miss rate"] == by["action RMSE"] == SAME
+    assert by["latency p999"] == NOT_JUDGED  # 1,500 ticks cannot bound a p99.9
+
+
+@pytest.mark.parametrize("fault, worse", [
+    # 1 % of commands dropped: lost ticks (misses) and fewer ticks served by a full chunk, latency unchanged
+    (dict(drop_rate=0.01), {"miss rate", "ticks lost", "ticks served by full"}),
+    # a 20 ms stall: 5 late ticks far above the clean run's maximum; percentiles unchanged
+    (dict(stall_ms=20.0), {"latency max", "miss rate", "ticks late"}),
+    # the runtime killed at tick 700: the control loop holds for the rest of the run
+    (dict(kill_at_tick=700), {"miss rate", "ticks hold", "ticks served by full", "ticks served by hold"}),
+])
+def test_degraded_figures_are_flagged_and_only_those(clean, fault, worse):
+    degraded = report("degraded", seed=1, **fault)[0]
+    rows = compare(clean, degraded)
+    assert set(regressions(rows)) == worse
+    assert BETTER not in _verdicts(rows).values()
+    # the other way round the same figures are better, nothing is worse
+    back = _verdicts(compare(degraded, clean))
+    assert {f for f, v in back.items() if v == BETTER} == worse and WORSE not in back.values()
+
+
+def test_rows_carry_values_and_ratios(clean):
+    killed = report("killed", seed=1, kill_at_tick=700)[0]
+    row = next(r for r in compare(clean, killed) if r["figure"] == "ticks served by full")
+    assert (row["a"], row["b"]) == (1500, 700) and row["ratio"] == pytest.approx(700 / 1500)
+    assert row["test"].startswith("Fisher p=")
+    miss = next(r for r in compare(clean, killed) if r["figure"] == "miss rate")
+    assert miss["a"] == 0.0 and miss["ratio"] is None  # no ratio to a zero baseline
+
+
+def test_version_1_reports_are_read_but_not_judged_by_intervals(clean):
+    old = {k: v for k, v in clean.items() if k not in ("schema_version", "latency_ci95_ms", "latency_histogram_us")}
+    by = _verdicts(compare(old, clean))
+    assert by["latency p50"] == by["latency max"] == NOT_JUDGED and by["miss rate"] == SAME
+
+
+def test_cli_compare_exit_codes_json_and_errors(clean, tmp_path):
+    a = write_report(clean, tmp_path / "a")
+    b = write_report(report("killed", seed=1, kill_at_tick=700)[0], tmp_path / "b")
+    cmd = [sys.executable, "-m", "edgeinfer", "compare", str(a), str(b)]
+    proc = subprocess.run(cmd + ["--json", str(tmp_path / "cmp.json")], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "ticks hold" in proc.stdout and "worse" in proc.stdout
+    doc = json.loads((tmp_path / "cmp.json").read_text())
+    assert doc["schema"] == "edgeinfer.compare/1" and "ticks hold" in doc["regressions"]
+    assert {r["figure"] for r in doc["rows"]} >= {"latency p99", "miss rate", "action RMSE"}
+    proc = subprocess.run(cmd + ["--fail-on-regression"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1
+    proc = subprocess.run([sys.executable, "-m", "edgeinfer", "compare", str(a), str(a), "--fail-on-regression"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0
+    (tmp_path / "bad.json").write_text("{not json")
+    proc = subprocess.run([sys.executable, "-m", "edgeinfer", "compare", str(a), str(tmp_path / "bad.json")],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "bad.json: not JSON" in proc.stderr
+
+
+def test_load_report_refuses_other_files(tmp_path):
+    (tmp_path / "x.json").write_text(json.dumps({"schema": "something/1"}))
+    with pytest.raises(ReportError, match="x.json: not an edgeinfer replay report"):
+        load_report(tmp_path / "x.json")
+    (tmp_path / "v9.json").write_text(json.dumps({"schema": "edgeinfer.replay/1", "schema_version": 9}))
+    with pytest.raises(ReportError, match="schema_version 9"):
+        load_report(tmp_path / "v9.json")
+    with pytest.raises(ReportError, match="no such file"):
+        load_report(tmp_path / "missing.json")
