@@ -131,6 +131,8 @@ def stage_times_ms(rec, n: int, row_of_tick: dict) -> dict[str, np.ndarray]:
     """
     out = {k: np.full(n, np.nan) for k in STAGES}
     out["send"] = (rec.t_sent_ns[:n] - rec.t_sched_ns[:n]) / 1e6
+    if (skipped := getattr(rec, "skipped", None)) is not None:  # rows skipped after a stall were never sent
+        out["send"][np.asarray(skipped[:n], dtype=bool)] = np.nan
     for t_recv, c in rec.chunks:
         i = row_of_tick.get(c.obs_seq)
         if i is not None and i < n and np.isnan(out["publish"][i]):

@@ -28,7 +28,7 @@ from edgeinfer.engines.engine import unavailable_reason
 from edgeinfer.sim.logs import ArmLog, LogError, read_schunk, synthetic_log
 from edgeinfer.sim.metrics import summarize, write_ticks
 from edgeinfer.sim.plots import write_plots
-from edgeinfer.sim.report import print_table, write_report
+from edgeinfer.sim.report import print_table, replay_progress, write_report
 from edgeinfer.sim.schedule import previous_rows, tick_grid
 from rich.console import Console
 
@@ -176,9 +176,10 @@ def replay(cfg: ReplayConfig, console: Console | None = None) -> dict:
             transport.wait_until_subscribed(obs_pub, "replayer", ready_rx, {"runtime", "control"},
                                             cfg.handshake_timeout_s, check=lambda: _check_alive(procs, cfg.out))
             transport.wait_for_hello([chunk_rx], cfg.handshake_timeout_s)
-        with console.status(f"replaying {len(log)} observations at {log.rate_hz:.0f} Hz"):
+        with replay_progress(console, len(log), f"replaying at {log.rate_hz:.0f} Hz") as progress:
             fault = (cfg.kill_runtime_at_tick, procs[0].kill) if cfg.kill_runtime_at_tick is not None else None
-            rec = _stream(log, ticks, stride, obs_pub, cmd_rx, chunk_rx, deadline_ms, cfg.settle_ms, fault)
+            rec = _stream(log, ticks, stride, obs_pub, cmd_rx, chunk_rx, deadline_ms, cfg.settle_ms, fault,
+                          progress=progress)
             for s in previous:  # a second Ctrl-C must not lose the report of the first
                 signal.signal(s, signal.SIG_IGN)
             transport.send(obs_pub, Stop("interrupted" if rec.interrupted else "end of log"))
@@ -234,7 +235,7 @@ def _check_alive(procs, out: Path) -> None:
 
 
 def _stream(log: ArmLog, ticks: np.ndarray, stride: int, obs_pub, cmd_rx, chunk_rx, deadline_ms: float,
-            settle_ms: float, fault=None) -> Recording:
+            settle_ms: float, fault=None, progress=None) -> Recording:
     """Publish every sample at its tick on an absolute schedule; stop early (keeping what was sent) on
     KeyboardInterrupt."""
     t0 = now_ns() + int(settle_ms * 1e6)
@@ -250,6 +251,8 @@ def _stream(log: ArmLog, ticks: np.ndarray, stride: int, obs_pub, cmd_rx, chunk_
             transport.send(obs_pub, obs)
             if fault is not None and i == fault[0]:
                 fault[1]()
+            if progress is not None and i % 128 == 0:  # a progress bar, redrawn twice a second at 250 Hz
+                progress(i)
         _collect_until(int(rec.t_sched_ns[-1]) + int(deadline_ms * 1e6) + 20_000_000, cmd_rx, chunk_rx, rec)
     except KeyboardInterrupt:
         rec.interrupted = True
