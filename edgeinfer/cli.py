@@ -6,6 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from edgeinfer.bench import BenchConfig
 from edgeinfer.config_cli import add_options, build, load_launch
 from edgeinfer.control.loop import ControlConfig
 from edgeinfer.engines.build import BuildConfig
@@ -39,11 +40,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", type=Path, default=None, metavar="OUT", help="also write the comparison as JSON")
     p.add_argument("--fail-on-regression", action="store_true", help="exit 1 when any figure is worse")
     p.add_argument("--alpha", type=float, default=0.05, help="per-figure significance level (default: 0.05)")
-    p = sub.add_parser("bench", help="benchmarks: `bench engines` (backends and precisions), `bench spec` "
+    p = sub.add_parser("bench", help="every ruler on real logs, target-only vs speculative (options below); "
+                                     "suites: `bench engines` (backends and precisions), `bench spec` "
                                      "(speculative decoding: drafters, k, adaptive, sampling, the HF peer)")
-    p.add_argument("suite", choices=["engines", "spec"], help="which benchmark (each has its own -h)")
-    p.add_argument("rest", nargs=argparse.REMAINDER, help="the suite's options (see `edgeinfer bench engines -h`)")
-    args = parser.parse_args(argv)
+    add_options(p, BenchConfig)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["bench"] and argv[1:2] in (["engines"], ["spec"]):  # a suite: its own parser and -h
+        args = argparse.Namespace(command="bench", suite=argv[1], rest=argv[2:])
+    else:
+        args = parser.parse_args(argv)
+        args.suite, args.rest = None, argv[1:]
     try:
         return _run(args, parser)
     except KeyboardInterrupt:
@@ -97,9 +103,13 @@ def _run(args, parser) -> int:
             from edgeinfer.bench_spec import main as bench_spec
 
             return bench_spec(args.rest)
-        from edgeinfer.engines.bench_engines import main as bench_engines
+        if args.suite == "engines":
+            from edgeinfer.engines.bench_engines import main as bench_engines
 
-        return bench_engines(args.rest)
+            return bench_engines(args.rest)
+        from edgeinfer.bench import main as bench
+
+        return bench(args.rest)
     if args.command == "distill":
         from edgeinfer.engines.distill import distill
         from edgeinfer.engines.policy import load_policy
