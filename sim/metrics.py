@@ -6,6 +6,7 @@ from collections import Counter
 from pathlib import Path
 
 import numpy as np
+from edgeinfer.sim.pacing import replayer_section
 from edgeinfer.sim.slo import evaluate, parse_slo
 from edgeinfer.sim.stats import (
     clopper_pearson_interval,
@@ -99,6 +100,7 @@ def summarize(rec, log, cfg, deadline_ms: float, stride: int) -> tuple[dict, dic
                  "drafted": drafted, "accepted": sum(c.accepted for c in chunks)},
         "quality": _quality(rec.commands, chunks, log, ticks, row_of_tick, stride),
         # Harness health: if these are large, misses may come from the replayer, not the system under test.
+        "replayer": replayer_section(rec, log),  # send timing error, skipped rows, faults injected
         "harness": {"replayer_send_lateness_ms": latency_summary_ms(send_lateness_ms * 1e6),
                     "latency_at_control_send_ms": latency_summary_ms(at_control_ms * 1e6),
                     "late_but_sent_in_time": late_but_sent_in_time,

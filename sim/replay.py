@@ -12,6 +12,7 @@ outcome: on_time, late, lost or hold.
 """
 from __future__ import annotations
 
+import gc
 import json
 import os
 import select
@@ -20,16 +21,20 @@ import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 import zmq
 from edgeinfer.control.loop import ControlConfig
 from edgeinfer.engines.engine import unavailable_reason
-from edgeinfer.sim.logs import ArmLog, LogError, read_schunk, synthetic_log
+from edgeinfer.sim.faults import FaultInjector, NetworkFaultConfig
+from edgeinfer.sim.logs import ArmLog, LogError, synthetic_log
 from edgeinfer.sim.metrics import summarize, write_ticks
+from edgeinfer.sim.pacing import SpinTail, scaled_period_ns, send_timing_report, should_skip
 from edgeinfer.sim.plots import write_plots
+from edgeinfer.sim.readers import read_log
 from edgeinfer.sim.report import print_table, replay_progress, write_report
-from edgeinfer.sim.schedule import previous_rows, tick_grid
+from edgeinfer.sim.schedule import observation, previous_rows, tick_grid
 from rich.console import Console
 
 from edgeinfer import clock, transport
@@ -37,15 +42,31 @@ from edgeinfer.clock import now_ns, sleep_until
 from edgeinfer.config_cli import to_argv
 from edgeinfer.lifecycle import PARENT_PID_ENV
 from edgeinfer.runtime import RuntimeConfig
-from edgeinfer.wire import ActionChunk, JointCommand, Observation, Start, Stop
+from edgeinfer.wire import ActionChunk, JointCommand, Start, Stop, encode
 
 
 @dataclass
 class ReplayConfig:
-    """log: a Schunk measurement directory; None replays the embedded synthetic log (fresh clones).
-    deadline_ms: per-tick command deadline; None means one control period of the log."""
+    """log: any log sim.readers reads (Schunk directory, CSV, MCAP, rosbag2/ROS 1 bag, LeRobot dataset); None
+    replays the embedded synthetic log (fresh clones). log_format (None: detected from the path), topic,
+    q_field/qd_field, time_source, episode, columns: reader options (see sim/readers).
+    deadline_ms: per-tick command deadline; None means one control period of the log (time-scaled).
+    time_scale: replay speed (0.1..20, 2.0 = twice as fast: the control loop runs at the scaled rate too).
+    as_fast_as_possible: publish each observation right after the previous one (no schedule).
+    catch_up: after a stall, send the rows whose time passed in a burst (default: skip them, counted).
+    faults: network faults on the observation stream (sim/faults.py)."""
 
     log: Path | None = None
+    log_format: Literal["schunk", "csv", "mcap", "rosbag2", "rosbag1", "lerobot"] | None = None
+    topic: str | None = None
+    q_field: str | None = None
+    qd_field: str | None = None
+    time_source: Literal["header", "log"] | None = None
+    episode: int | None = None
+    columns: str | None = None
+    time_scale: float = 1.0
+    as_fast_as_possible: bool = False
+    catch_up: bool = False
     out: Path = Path("out")
     deadline_ms: float | None = None
     settle_ms: float = 200.0
@@ -59,8 +80,11 @@ class ReplayConfig:
     slo: str | None = None
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
     control: ControlConfig = field(default_factory=ControlConfig)
+    faults: NetworkFaultConfig = field(default_factory=NetworkFaultConfig)
 
     def __post_init__(self):
+        if not 0.1 <= self.time_scale <= 20:
+            raise ValueError(f"ReplayConfig.time_scale must be in [0.1, 20], got {self.time_scale}")
         self.out = Path(self.out)
         self.log = Path(self.log) if self.log is not None else None
         if self.deadline_ms is not None and not self.deadline_ms > 0:
@@ -89,6 +113,9 @@ class Recording:
     tick: np.ndarray  # (N,) control tick of observation i
     t_sched_ns: np.ndarray  # (N,) scheduled send time of observation i: t0 + tick * period
     t_sent_ns: np.ndarray  # (N,) actual send time (0 = not sent: the run was interrupted)
+    skipped: np.ndarray | None = None  # (N,) bool: not sent, stale after a stall (t_sent = when skipped)
+    pacing: dict = field(default_factory=dict)  # sim/pacing.send_timing_report
+    faults: dict | None = None  # FaultInjector.report() when faults were injected
     commands: dict[int, tuple[int, JointCommand]] = field(default_factory=dict)  # tick -> (t_recv, first command)
     chunks: list[tuple[int, ActionChunk]] = field(default_factory=list)  # (t_recv, chunk)
     rejected_commands: int = 0  # for a tick out of range or not yet due: no real control loop sends those
@@ -97,13 +124,18 @@ class Recording:
     interrupted: bool = False
 
 
-def load_log(path: Path | None) -> ArmLog:
-    """The log at `path` (a Schunk measurement directory), or the embedded synthetic log when None."""
+def load_log(path: Path | None, fmt: str | None = None, **options) -> ArmLog:
+    """The log at `path` in any format sim.readers reads (fmt None: detected; options: the reader's, None
+    ignored), or the embedded synthetic log when path is None. Raises LogError naming file and record."""
     if path is None:
         return synthetic_log()
-    if not Path(path).is_dir():
-        raise LogError(f"log directory not found: {path}")
-    return read_schunk(path)
+    return read_log(path, fmt, **options)
+
+
+def reader_options(cfg: ReplayConfig) -> dict:
+    """The reader options set in cfg (sim.readers.read_log checks that the format takes them)."""
+    names = ("topic", "q_field", "qd_field", "time_source", "episode", "columns")
+    return {k: getattr(cfg, k) for k in names if getattr(cfg, k) is not None}
 
 
 def policy_shape(runtime: RuntimeConfig, log: ArmLog) -> dict:
@@ -146,9 +178,10 @@ def replay(cfg: ReplayConfig, console: Console | None = None) -> dict:
     SIGTERM during the run stop it early with a report of what was sent (`interrupted: true`).
     """
     console = console or Console()
-    log = load_log(cfg.log)
+    log = load_log(cfg.log, cfg.log_format, **reader_options(cfg))
     policy = policy_shape(cfg.runtime, log)
-    deadline_ms = cfg.deadline_ms if cfg.deadline_ms is not None else log.period_ns / 1e6
+    scaled_ms = scaled_period_ns(log.period_ns, cfg.time_scale) / 1e6
+    deadline_ms = cfg.deadline_ms if cfg.deadline_ms is not None else scaled_ms
     check_run_fits(log, policy, cfg, deadline_ms)
     if cfg.runtime.byo_spec is None and (reason := unavailable_reason(cfg.runtime.backend, cfg.runtime.device)):
         raise RuntimeError(f"backend {cfg.runtime.backend!r} on {cfg.runtime.device}: {reason}")
@@ -179,7 +212,7 @@ def replay(cfg: ReplayConfig, console: Console | None = None) -> dict:
         with replay_progress(console, len(log), f"replaying at {log.rate_hz:.0f} Hz") as progress:
             fault = (cfg.kill_runtime_at_tick, procs[0].kill) if cfg.kill_runtime_at_tick is not None else None
             rec = _stream(log, ticks, stride, obs_pub, cmd_rx, chunk_rx, deadline_ms, cfg.settle_ms, fault,
-                          progress=progress)
+                          pacing=cfg, progress=progress)
             for s in previous:  # a second Ctrl-C must not lose the report of the first
                 signal.signal(s, signal.SIG_IGN)
             transport.send(obs_pub, Stop("interrupted" if rec.interrupted else "end of log"))
@@ -235,38 +268,89 @@ def _check_alive(procs, out: Path) -> None:
 
 
 def _stream(log: ArmLog, ticks: np.ndarray, stride: int, obs_pub, cmd_rx, chunk_rx, deadline_ms: float,
-            settle_ms: float, fault=None, progress=None) -> Recording:
-    """Publish every sample at its tick on an absolute schedule; stop early (keeping what was sent) on
-    KeyboardInterrupt."""
+            settle_ms: float, fault=None, pacing: ReplayConfig | None = None, progress=None) -> Recording:
+    """Publish every sample at its tick on an absolute schedule (sim/pacing.py: time scale, skip-ahead after a
+    stall unless catch_up, or as fast as possible), through the network fault injector when pacing.faults is
+    active; stop early (keeping what was sent) on KeyboardInterrupt."""
+    pacing = pacing or ReplayConfig()
+    afap = pacing.as_fast_as_possible
+    injector = FaultInjector(pacing.faults) if pacing.faults.active else None
+    # A full collection of this process's heap (torch is imported) takes ~100 ms: collect once now, freeze
+    # the survivors and keep the collector off while streaming (reference counting still frees the rest).
+    gc_was_enabled = gc.isenabled()
+    gc.collect()
+    gc.freeze()
+    gc.disable()
     t0 = now_ns() + int(settle_ms * 1e6)
-    period = log.period_ns
-    rec = Recording(t0, period, int(ticks[-1]) + 1, ticks, t0 + ticks * period, np.zeros(len(log), dtype=np.int64))
+    period = scaled_period_ns(log.period_ns, pacing.time_scale)
+    tail = SpinTail(period)
+    rec = Recording(t0, period, int(ticks[-1]) + 1, ticks, t0 + ticks * period, np.zeros(len(log), dtype=np.int64),
+                    skipped=np.zeros(len(log), dtype=bool))
     prev = previous_rows(ticks, stride)
     transport.send(obs_pub, Start(t0, period, rec.n_ticks))
     try:
         for i in range(len(log)):
-            _collect_until(int(rec.t_sched_ns[i]), cmd_rx, chunk_rx, rec)
-            rec.t_sent_ns[i] = now_ns()
-            obs = Observation(int(ticks[i]), int(rec.t_sched_ns[i]), log.q_rad[i], log.qd_rad_s[i], log.q_rad[prev[i]])
-            transport.send(obs_pub, obs)
+            # encode before the wait, so that the send itself is all that happens at the due time
+            frames = encode(observation(log, ticks, prev, i, int(rec.t_sched_ns[i])))
+            if afap:
+                _collect(cmd_rx, chunk_rx, rec)
+            else:
+                _collect_until(int(rec.t_sched_ns[i]), cmd_rx, chunk_rx, rec, injector=injector, pub=obs_pub,
+                               tail=tail)
+            t = now_ns()
+            rec.t_sent_ns[i] = t
+            if afap:
+                rec.t_sched_ns[i] = t
+            if not afap and should_skip(i, t, rec.t_sched_ns, pacing.catch_up):
+                rec.skipped[i] = True  # stale after a stall: resume on schedule, no burst
+                if injector is not None:
+                    injector.skip(i)
+            elif injector is None:
+                _send_frames(obs_pub, frames)
+            else:
+                injector.submit(i, frames, t, obs_pub)
             if fault is not None and i == fault[0]:
                 fault[1]()
             if progress is not None and i % 128 == 0:  # a progress bar, redrawn twice a second at 250 Hz
                 progress(i)
-        _collect_until(int(rec.t_sched_ns[-1]) + int(deadline_ms * 1e6) + 20_000_000, cmd_rx, chunk_rx, rec)
+        end = int(rec.t_sched_ns[-1]) + int(deadline_ms * 1e6) + 20_000_000
+        _collect_until(end, cmd_rx, chunk_rx, rec, injector=injector, pub=obs_pub)
     except KeyboardInterrupt:
         rec.interrupted = True
+    finally:
+        gc.unfreeze()
+        if gc_was_enabled:
+            gc.enable()
+    if injector is not None:
+        injector.flush(obs_pub)
+        rec.faults = injector.report()
+    rec.pacing = send_timing_report(rec.t_sched_ns, rec.t_sent_ns, rec.skipped, period, pacing.time_scale, afap,
+                                    pacing.catch_up)
     return rec
 
 
-def _collect_until(deadline_ns: int, cmd_rx, chunk_rx, rec: Recording, spin_ns: int = 200_000) -> None:
+def _send_frames(sock, frames: list) -> None:
+    try:
+        sock.send_multipart(frames, flags=zmq.NOBLOCK, copy=False)
+    except zmq.Again:  # a PUB drops at its HWM instead; nothing to count here
+        pass
+
+
+def _collect_until(deadline_ns: int, cmd_rx, chunk_rx, rec: Recording, spin_ns: int = 200_000,
+                   injector: FaultInjector | None = None, pub=None, tail: SpinTail | None = None) -> None:
     """Timestamp arriving commands and chunks as they come until deadline_ns, then spin briefly so the
-    next observation leaves on time.
+    next observation leaves on time. Delayed observations of `injector` that fall due meanwhile are sent on
+    `pub` at their time (each wait ends at the earlier of the deadline and the next delayed send). With
+    `tail`, the spin lasts tail.spin_ns and every timed-out sleep reports its wake-up lateness to it.
 
     Waits with select() on the sockets' notification fds, which takes sub-ms timeouts (zmq_poll counts
     whole ms), so the process wakes only when a message arrives or the deadline nears. Those fds are
     edge-triggered: ZMQ_EVENTS is checked, and the sockets drained, before every wait.
     """
+    while injector is not None and (due := injector.next_due_ns()) is not None and due < deadline_ns:
+        _collect_until(due, cmd_rx, chunk_rx, rec, spin_ns, tail=tail)
+        injector.release(now_ns(), pub)
+    spin_ns = tail.spin_ns if tail is not None else spin_ns
     socks = (cmd_rx.sock, chunk_rx.sock)
     fds = [s.getsockopt(zmq.FD) for s in socks]
     while True:
@@ -276,7 +360,9 @@ def _collect_until(deadline_ns: int, cmd_rx, chunk_rx, rec: Recording, spin_ns: 
         remaining = deadline_ns - now_ns()
         if remaining <= spin_ns:
             break
-        select.select(fds, [], [], (remaining - spin_ns) / 1e9)
+        woke = select.select(fds, [], [], (remaining - spin_ns) / 1e9)
+        if tail is not None and not woke[0]:  # a timed-out sleep: how late did the OS wake us?
+            tail.woke(now_ns() - (deadline_ns - spin_ns))
     sleep_until(deadline_ns, spin_ns)
 
 
