@@ -10,7 +10,8 @@ Rulers (edgeinfer.bench_decode, bench_e2e, bench_floors; scenarios from benchmar
                  quality (greedy token agreement with target-only, action RMSE against the recorded future)
     offline      chunk throughput, chunks decoded back to back as fast as possible
     <replay>     end-to-end latency (observation sent -> command received through the real processes and
-                 sockets), tails p50/p95/p99/p99.9/max, deadline miss rate with its Wilson bound, action RMSE;
+                 sockets), tails p50/p95/p99/p99.9/max, time to chunk (observation sent -> its chunk received),
+                 deadline miss rate with its Clopper-Pearson bound, action RMSE;
                  one scenario per [[replay]] table (steady at the log's rate, idle gaps, 2x overload)
     floor        raw pyzmq round trip with an Observation's payload (back to back and after idle gaps),
                  a bare sleep-then-spin loop's wake error
@@ -261,6 +262,8 @@ def _figures(decode: dict, e2e: dict, floors: list[dict], sc: Scenarios) -> list
             figs += tail_figures("latency", name, m, [r["latency_ms"] for r in runs])
             figs.append(miss_rate_figure(name, m, [r["deadline_misses"] for r in runs],
                                          [r["observations"] for r in runs]))
+            figs += [figure("time to chunk", name, m, stat, "ms", "lower", [r["time_to_chunk_ms"][stat] for r in runs])
+                     for stat in ("p50", "p99", "max")]
             figs.append(figure("action RMSE", name, m, "rmse", "rad", "lower", [r["action_rmse_rad"] for r in runs]))
     for key, ruler in (("zmq_round_trip_ms", "zmq round trip"), ("zmq_round_trip_idle_ms", "zmq round trip after idle"),
                        ("wake_error_ms", "wake error")):

@@ -77,6 +77,8 @@ def run_scenario(log: ArmLog, sc: ReplayScenario, runtime: RuntimeConfig, out: P
         "interrupted": report["interrupted"],
         "fallbacks": report["fallbacks"],
         "tokens_per_target_pass": report["spec"]["tokens_per_target_pass"],
+        # observation sent -> the chunk built from it received at the replayer (p50, p90, p99, p999, max, mean)
+        "time_to_chunk_ms": report["chunks"]["time_to_chunk_ms"],
         "action_rmse_rad": report["quality"]["action_rmse_rad"],
         "late_but_sent_in_time": report["harness"]["late_but_sent_in_time"],
         "replayer_send_lateness_max_ms": report["harness"]["replayer_send_lateness_ms"]["max"],

@@ -3,15 +3,15 @@
 A figure's `value` is the median over repeats of that statistic measured in each repeat (MLPerf-style:
 several runs, the median quoted), `repeats` holds each repeat's value, `spread` their [min, max], and
 `ci95` a 95 % interval where one is statistically defined: order-statistic intervals for latency quantiles
-over the pooled samples (sim.stats.quantile_ci, Hahn & Meeker 1991) and the Wilson interval for miss rates
-(sim.stats.wilson_interval). `vs_target_only` = value / the same figure of target-only decoding;
-`vs_floor` = value / the same statistic of the matching transport floor.
+over the pooled samples (sim.stats.quantile_ci, Hahn & Meeker 1991) and the exact Clopper-Pearson interval
+for miss rates (sim.stats.clopper_pearson_interval, as the replay report). `vs_target_only` = value / the
+same figure of target-only decoding; `vs_floor` = value / the same statistic of the matching transport floor.
 """
 from __future__ import annotations
 
 import numpy as np
 
-from edgeinfer.sim.stats import quantile_ci, wilson_interval
+from edgeinfer.sim.stats import clopper_pearson_interval, quantile_ci
 
 TAILS: tuple[tuple[str, float], ...] = (("p50", 50.0), ("p95", 95.0), ("p99", 99.0), ("p999", 99.9))
 TAIL_KEYS = tuple(k for k, _ in TAILS) + ("max",)
@@ -60,9 +60,9 @@ def tail_figures(ruler: str, scenario: str, decode: str, per_repeat: list[np.nda
 
 def miss_rate_figure(scenario: str, decode: str, misses: list[int], n: list[int]) -> dict:
     """The deadline miss rate: value = pooled misses / pooled observations over the repeats (not the
-    median: rare events need every tick), with its Wilson 95 % interval."""
+    median: rare events need every tick), with its exact (Clopper-Pearson) 95 % interval."""
     f = figure("deadline miss rate", scenario, decode, "rate", "fraction", "lower",
-               [m / k if k else None for m, k in zip(misses, n)], wilson_interval(sum(misses), sum(n)))
+               [m / k if k else None for m, k in zip(misses, n)], clopper_pearson_interval(sum(misses), sum(n)))
     f["value"] = sum(misses) / sum(n) if sum(n) else None
     f["misses"], f["observations"] = sum(misses), sum(n)
     return f

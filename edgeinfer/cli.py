@@ -42,7 +42,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--alpha", type=float, default=0.05, help="per-figure significance level (default: 0.05)")
     p = sub.add_parser("bench", help="every ruler on real logs, target-only vs speculative (options below); "
                                      "suites: `bench engines` (backends and precisions), `bench spec` "
-                                     "(speculative decoding: drafters, k, adaptive, sampling, the HF peer)")
+                                     "(speculative decoding: drafters, k, adaptive, sampling, the HF peer)",
+                       description="Every ruler (time to first action, time per token, chunk throughput, "
+                                   "end-to-end tails and misses in steady / idle-gap / overload replays, quality, "
+                                   "zmq and wake-up floors), target-only vs speculative; --scenarios names a file "
+                                   "in benchmarks/ (default, quick) or a TOML path. Suites with their own -h: "
+                                   "`edgeinfer bench engines`, `edgeinfer bench spec`.")
     add_options(p, BenchConfig)
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["bench"] and argv[1:2] in (["engines"], ["spec"]):  # a suite: its own parser and -h
