@@ -27,6 +27,7 @@ server, every connecting socket a client whose public key must sit in DIR/author
 
 import ipaddress
 import socket
+import threading
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -209,15 +210,31 @@ def send(sock: zmq.Socket, msg: Message) -> bool:
     """Send `msg` without blocking; False when the send queue is full (HWM reached, nobody reading).
 
     The caller counts the Falses; the control path must never wait on a socket. A PUB never
-    returns False: at its HWM it drops silently. Frames are sent zero-copy when large (pyzmq
-    copies below zmq.COPY_THRESHOLD), so do not mutate the arrays of `msg` after sending.
+    returns False: at its HWM it drops silently. Small messages are copied into ZMQ (cheaper
+    than pyzmq's zero-copy bookkeeping, measured); a message with a frame of COPY_THRESHOLD
+    bytes or more goes zero-copy, so do not mutate the arrays of `msg` after sending.
     Raises WireError when `msg` is not encodable.
     """
+    frames = encode(msg)
+    big = any(len(f) >= zmq.COPY_THRESHOLD for f in frames)
     try:
-        sock.send_multipart(encode(msg), flags=zmq.NOBLOCK, copy=False)
+        sock.send_multipart(frames, flags=zmq.NOBLOCK, copy=not big)
     except zmq.Again:
         return False
     return True
+
+
+class LockedSender:
+    """One socket shared by two threads (a node's main loop and its heartbeat beacon): ZMQ sockets are not
+    thread-safe, and the lock serialises every send (and gives the memory barrier ZMQ asks for)."""
+
+    def __init__(self, sock: zmq.Socket):
+        self.sock, self.lock = sock, threading.Lock()
+
+    def send(self, msg: Message) -> bool:
+        """transport.send under the lock."""
+        with self.lock:
+            return send(self.sock, msg)
 
 
 class Receiver:
@@ -238,6 +255,8 @@ class Receiver:
         self.stale_dropped = 0
         self.last_error = ""
         self.on_error = on_error
+        self._poller = zmq.Poller()  # one for the Receiver's life: Socket.poll builds a new one per call
+        self._poller.register(sock, zmq.POLLIN)
 
     def _decode(self, frames: list[Any]) -> Message | None:
         try:
@@ -259,9 +278,10 @@ class Receiver:
         deadline_ns = time.perf_counter_ns() + timeout_ms * 1_000_000
         while True:
             left_ms = max(0, (deadline_ns - time.perf_counter_ns() + 999_999) // 1_000_000)
-            if not self.sock.poll(left_ms, zmq.POLLIN):
+            if not self._pending() and not self._poller.poll(left_ms):
                 return None
-            msg = self._decode(self.sock.recv_multipart(copy=False))
+            # copy=True: for small messages bytes are cheaper than zmq.Frame objects
+            msg = self._decode(self.sock.recv_multipart())
             if msg is not None:
                 return msg
 
@@ -269,14 +289,19 @@ class Receiver:
         """All valid messages already queued, oldest first; at most `limit`, so a fast sender cannot pin us."""
         out = []
         for _ in range(limit):
+            if not self._pending():  # cheaper than a NOBLOCK recv raising zmq.Again
+                break
             try:
-                frames = self.sock.recv_multipart(flags=zmq.NOBLOCK, copy=False)
+                frames = self.sock.recv_multipart(flags=zmq.NOBLOCK)
             except zmq.Again:
                 break
             msg = self._decode(frames)
             if msg is not None:
                 out.append(msg)
         return out
+
+    def _pending(self) -> bool:
+        return bool(self.sock.getsockopt(zmq.EVENTS) & zmq.POLLIN)
 
     def recv_latest(self, timeout_ms: int) -> Message | None:
         """Newest queued message, waiting up to `timeout_ms` for the first; older ones are dropped.

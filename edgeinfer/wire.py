@@ -189,8 +189,17 @@ _REGISTRY = {cls.SCHEMA: cls for cls in (Observation, ActionChunk, JointCommand,
                                          ErrorEvent, Stats)}
 
 
-def _scalars(cls: type) -> list:
-    return [f for f in fields(cls) if f.name not in cls.ARRAYS]
+# Per-class tables, computed once: decode runs on every message of the control path.
+_SCALARS = {cls: tuple((f.name, f.type) for f in fields(cls) if f.name not in cls.ARRAYS) for cls in _REGISTRY.values()}
+_EXPECTED = {cls: frozenset({"schema", "version", "arrays", *(n for n, _ in _SCALARS[cls])})
+             for cls in _REGISTRY.values()}
+_ARRAY_NAMES = {cls: list(cls.ARRAYS) for cls in _REGISTRY.values()}
+_META_KEYS = frozenset({"name", "dtype", "shape"})
+
+
+def _scalars(cls: type) -> tuple[tuple[str, Any], ...]:
+    """(name, type) of the non-array fields of a message class."""
+    return _SCALARS[cls]
 
 
 def _check_int(where: str, name: str, value: Any) -> None:
@@ -215,10 +224,10 @@ def _check_map(where: str, name: str, typ: Any, value: Any) -> None:
 
 
 def _check_scalar(where: str, name: str, typ: type, value: Any) -> None:
-    if typing.get_origin(typ) is dict:
-        return _check_map(where, name, typ, value)
     # `type(...) is` rather than isinstance: bool is an int subclass and must not pass as one.
     if type(value) is not typ:
+        if typing.get_origin(typ) is dict:
+            return _check_map(where, name, typ, value)
         raise WireError(f"{where}: field {name!r}: got {type(value).__name__}, expected {typ.__name__}")
     if typ is int and not _INT64[0] <= value <= _INT64[1]:
         raise WireError(f"{where}: field {name!r}: {value} does not fit int64")
@@ -231,29 +240,31 @@ def _check_scalar(where: str, name: str, typ: type, value: Any) -> None:
 def _check_arrays(cls: type, metas: Any) -> list[tuple[int, ...]]:
     """Shapes of the arrays described by `metas`, checked against `cls.ARRAYS` and the D/H bounds."""
     where = cls.SCHEMA
-    if not isinstance(metas, list):
+    if type(metas) is not list:
         raise WireError(f"{where}: field 'arrays': got {type(metas).__name__}, expected list")
-    names = [m.get("name") if isinstance(m, dict) else None for m in metas]
-    if names != list(cls.ARRAYS):
-        raise WireError(f"{where}: field 'arrays': names {names!r}, expected {list(cls.ARRAYS)!r}")
+    names = [m.get("name") if type(m) is dict else None for m in metas]
+    if names != _ARRAY_NAMES[cls]:
+        raise WireError(f"{where}: field 'arrays': names {names!r}, expected {_ARRAY_NAMES[cls]!r}")
     dims: dict[str, int] = {}
     shapes = []
     for meta in metas:
         name, symbols = meta["name"], cls.ARRAYS[meta["name"]]
-        at = f"{where}: array {name!r}"
-        if set(meta) != {"name", "dtype", "shape"}:
-            raise WireError(f"{at}: keys {sorted(map(str, meta))}, expected ['dtype', 'name', 'shape']")
+        if meta.keys() != _META_KEYS:
+            raise WireError(f"{where}: array {name!r}: keys {sorted(map(str, meta))}, "
+                            "expected ['dtype', 'name', 'shape']")
         if meta["dtype"] != _DTYPE:
-            raise WireError(f"{at}: dtype {meta['dtype']!r} not allowed, expected {_DTYPE!r}")
+            raise WireError(f"{where}: array {name!r}: dtype {meta['dtype']!r} not allowed, expected {_DTYPE!r}")
         shape = meta["shape"]
-        if not isinstance(shape, list) or len(shape) != len(symbols) or any(type(n) is not int for n in shape):
-            raise WireError(f"{at}: shape {shape!r}, expected {len(symbols)} ints ({', '.join(symbols)})")
+        if type(shape) is not list or len(shape) != len(symbols) or any(type(n) is not int for n in shape):
+            raise WireError(f"{where}: array {name!r}: shape {shape!r}, expected {len(symbols)} ints "
+                            f"({', '.join(symbols)})")
         for sym, n in zip(symbols, shape):
             lo, hi = _DIM_BOUNDS[sym]
             if not lo <= n <= hi:
-                raise WireError(f"{at}: shape {shape}: {sym}={n} outside [{lo}, {hi}]")
+                raise WireError(f"{where}: array {name!r}: shape {shape}: {sym}={n} outside [{lo}, {hi}]")
             if dims.setdefault(sym, n) != n:
-                raise WireError(f"{at}: shape {shape}: {sym}={n} disagrees with {sym}={dims[sym]} of another array")
+                raise WireError(f"{where}: array {name!r}: shape {shape}: {sym}={n} disagrees with "
+                                f"{sym}={dims[sym]} of another array")
         shapes.append(tuple(shape))
     return shapes
 
@@ -269,14 +280,13 @@ def _check_header(header: Any) -> tuple[type, list[tuple[int, ...]]]:
     version = header.get("version")
     if type(version) is not int or version != cls.VERSION:
         raise WireError(f"{cls.SCHEMA}: field 'version': got {version!r}, expected {cls.VERSION}", "version")
-    scalars = _scalars(cls)
-    expected = {"schema", "version", "arrays"} | {f.name for f in scalars}
-    if missing := expected - set(header):
-        raise WireError(f"{cls.SCHEMA}: missing field(s) {sorted(missing)}")
-    if extra := set(header) - expected:
-        raise WireError(f"{cls.SCHEMA}: extra field(s) {sorted(map(str, extra))}")
-    for f in scalars:
-        _check_scalar(cls.SCHEMA, f.name, f.type, header[f.name])
+    expected = _EXPECTED[cls]
+    if header.keys() != expected:
+        if missing := expected - set(header):
+            raise WireError(f"{cls.SCHEMA}: missing field(s) {sorted(missing)}")
+        raise WireError(f"{cls.SCHEMA}: extra field(s) {sorted(map(str, set(header) - expected))}")
+    for name, typ in _scalars(cls):
+        _check_scalar(cls.SCHEMA, name, typ, header[name])
     return cls, _check_arrays(cls, header["arrays"])
 
 
@@ -285,19 +295,21 @@ def encode(msg: Message) -> list[bytes | memoryview]:
 
     Arrays may be any real numeric dtype, byte order or layout; they are converted to
     little-endian C-contiguous float64, without a copy when already so (the frame is then a
-    memoryview of the caller's array). Raises WireError when `msg` would not decode, so the
-    sender fails loudly instead of the receiver dropping it.
+    memoryview of the caller's array). Raises WireError when `msg` would not decode (a non-finite
+    array value included), so the sender fails loudly instead of the receiver dropping it.
     """
     cls = type(msg)
     if _REGISTRY.get(getattr(cls, "SCHEMA", None)) is not cls:
         raise WireError(f"encode: {cls.__name__} is not a wire message")
     header: dict[str, Any] = {"schema": cls.SCHEMA, "version": cls.VERSION}
-    header.update({f.name: getattr(msg, f.name) for f in _scalars(cls)})
+    header.update({name: getattr(msg, name) for name, _ in _scalars(cls)})
     metas, arrays = [], []
     for name in cls.ARRAYS:
         a = np.asarray(getattr(msg, name))
         if a.dtype.kind not in "fiu":
             raise WireError(f"{cls.SCHEMA}: array {name!r}: dtype {a.dtype.str!r} is not real numeric")
+        if a.dtype.kind == "f" and not np.isfinite(a).all():  # the receiver would reject it: fail here
+            raise WireError(f"{cls.SCHEMA}: array {name!r}: non-finite value", "nonfinite")
         metas.append({"name": name, "dtype": _DTYPE, "shape": list(a.shape)})
         arrays.append(a)
     header["arrays"] = metas
@@ -349,7 +361,7 @@ def decode(frames: Sequence[Any]) -> Message:
     if len(bufs) - 1 != len(shapes):
         raise WireError(f"{cls.SCHEMA}: frames: {len(bufs) - 1} array frame(s) for {len(shapes)} array(s)",
                         "frames")
-    values = {f.name: header[f.name] for f in _scalars(cls)}
+    values = {name: header[name] for name, _ in _scalars(cls)}
     for name, shape, buf in zip(cls.ARRAYS, shapes, bufs[1:]):
         # Shapes are bounded by _DIM_BOUNDS, so this product is small and safe to compute.
         want = math.prod(shape) * np.dtype(_DTYPE).itemsize
@@ -359,7 +371,7 @@ def decode(frames: Sequence[Any]) -> Message:
                             f"{buf.nbytes} bytes, expected {want} for shape {list(shape)}",
                             "truncated" if short else "oversize")
         arr = np.frombuffer(buf, dtype=_DTYPE).reshape(shape).astype(np.float64)
-        if not np.all(np.isfinite(arr)):  # a NaN joint target must never reach a robot
+        if not np.isfinite(arr).all():  # a NaN joint target must never reach a robot
             raise WireError(f"{cls.SCHEMA}: array {name!r}: non-finite value", "nonfinite")
         values[name] = arr
     return cls(**values)
