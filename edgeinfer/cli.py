@@ -33,6 +33,8 @@ def main(argv: list[str] | None = None) -> int:
     add_options(p, DistillConfig)
     p = sub.add_parser("build", help="build an engine (backend, precision, device), gated on held-out quality")
     add_options(p, BuildConfig)
+    p = sub.add_parser("keys", help="write ZeroMQ CURVE key pairs for non-loopback endpoints (--curve-dir DIR)")
+    p.add_argument("dir", type=Path, help="directory to create them in (never overwritten)")
     p = sub.add_parser("compare", help="compare two replay reports (A = baseline, B = candidate) figure by "
                                        "figure, with verdicts from the confidence intervals")
     p.add_argument("a", type=Path, metavar="A.json")
@@ -50,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
                                    "`edgeinfer bench engines`, `edgeinfer bench spec`.")
     add_options(p, BenchConfig)
     argv = sys.argv[1:] if argv is None else list(argv)
-    if argv[:1] == ["bench"] and argv[1:2] in (["engines"], ["spec"]):  # a suite: its own parser and -h
+    if argv[:1] == ["bench"] and argv[1:2] in (["engines"], ["spec"], ["transport"]):  # a suite: its own parser and -h
         args = argparse.Namespace(command="bench", suite=argv[1], rest=argv[2:])
     else:
         args = parser.parse_args(argv)
@@ -108,6 +110,10 @@ def _run(args, parser) -> int:
             from edgeinfer.bench_spec import main as bench_spec
 
             return bench_spec(args.rest)
+        if args.suite == "transport":
+            from edgeinfer.bench_transport import main as bench_transport
+
+            return bench_transport(args.rest)
         if args.suite == "engines":
             from edgeinfer.engines.bench_engines import main as bench_engines
 
@@ -127,6 +133,12 @@ def _run(args, parser) -> int:
         from edgeinfer.sim.compare import main as compare
 
         return compare(args.a, args.b, args.json, args.fail_on_regression, args.alpha)
+    if args.command == "keys":
+        from edgeinfer.keys import make_keys
+
+        for path in make_keys(args.dir).values():
+            print(f"wrote {path}")
+        return 0
     if args.command == "build":
         from edgeinfer.engines.build import build as build_engine
 
