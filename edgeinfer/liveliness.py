@@ -11,10 +11,15 @@ the re-handshake after a reconnect; `instance` (the sender's pid) tells a restar
 """
 from __future__ import annotations
 
+import os
+import threading
+from typing import Callable
+
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-from edgeinfer.wire import Heartbeat
+from edgeinfer.clock import now_ns
+from edgeinfer.wire import Heartbeat, Start
 
 
 class Lease:
@@ -88,3 +93,42 @@ class LinkMonitor:
     def close(self) -> None:
         self.sock.disable_monitor()
         self.mon.close(linger=0)
+
+
+class Beacon(threading.Thread):
+    """Publishes `sender`'s Heartbeat every heartbeat_ms (absolute deadlines) and the Telemetry's Stats when due,
+    on `out` (a transport.LockedSender shared with the node's main thread), from a daemon thread, so a node
+    busy decoding still beats. `schedule` (the run's Start) is repeated in each Heartbeat once set; `peer` is
+    the Lease of the peer whose instance the Heartbeat acknowledges. `refresh()` runs before each Stats."""
+
+    def __init__(self, out, sender: str, heartbeat_ms: float, lease_ms: float, peer: Lease | None, telemetry,
+                 refresh: Callable[[], None] | None = None):
+        super().__init__(name=f"{sender}-beacon", daemon=True)
+        self.out, self.sender, self.peer, self.telemetry, self.refresh = out, sender, peer, telemetry, refresh
+        self.period_ns, self.lease_ns = int(heartbeat_ms * 1e6), int(lease_ms * 1e6)
+        self.schedule: Start | None = None
+        self.seq = 0
+        self._stop_event = threading.Event()
+
+    def heartbeat(self) -> Heartbeat:
+        run, peer = self.schedule, self.peer
+        t0, period, n = (run.t0_ns, run.period_ns, run.n_ticks) if run is not None else (-1, -1, -1)
+        self.seq += 1
+        return Heartbeat(self.sender, os.getpid(), self.seq, now_ns(), self.lease_ns,
+                         peer.instance if peer is not None and peer.alive else -1, t0, period, n)
+
+    def run(self) -> None:
+        next_ns = now_ns()
+        while not self._stop_event.is_set():
+            self.out.send(self.heartbeat())
+            if self.telemetry is not None and self.telemetry.stats_due(now_ns()):
+                if self.refresh is not None:
+                    self.refresh()
+                self.out.send(self.telemetry.snapshot())
+            next_ns += self.period_ns
+            self._stop_event.wait(max(0, next_ns - now_ns()) / 1e9)
+
+    def stop(self) -> None:
+        self._stop_event.set()
+        if self.is_alive():
+            self.join(timeout=1.0)

@@ -73,17 +73,18 @@ class Telemetry:
         self._last_event_ns[kind] = t
         return ErrorEvent(self.sender, kind, self.counters[name], t, detail.encode()[:1000].decode(errors="ignore"))
 
-    def stats_due(self, t_ns: int) -> Stats | None:
-        """A Stats snapshot when stats_period_ms has passed since the last one, else None."""
+    def stats_due(self, t_ns: int) -> bool:
+        """True (once per period) when stats_period_ms has passed since the last time it said so."""
         if t_ns < self._next_stats_ns:
-            return None
+            return False
         self._next_stats_ns = t_ns + self.period_ns
-        return self.snapshot()
+        return True
 
     def snapshot(self) -> Stats:
         self.seq += 1
+        histograms = dict(self.histograms)  # a C-level copy first: another thread may add a name meanwhile
         return Stats(self.sender, self.instance, self.seq, now_ns(), dict(self.counters),
-                     {k: list(v) for k, v in self.histograms.items()})
+                     {k: list(v) for k, v in histograms.items()})
 
 
 def stats_summary(stats: Stats) -> dict:
