@@ -3,8 +3,8 @@ reordering and malformed frames, seeded so that a run can be repeated exactly.
 
 The replayer hands every encoded observation to a FaultInjector instead of the socket; the injector decides
 its fate and keeps the delayed and held-back ones until they are due. Per observation it always draws the
-same number of uniforms from one numpy Generator (and delays from a second one), so turning one fault kind
-on or off does not move the pattern of the others.
+same number of uniforms from one numpy Generator (delays and garbage bytes come from two others), so the
+fates are a function of the seed and the row, and turning one fault kind on or off does not move the others.
 
 Loss bursts follow a simple two-state model (a burst starts with probability burst_rate per observation and
 then loses burst_len observations in a row), the degenerate Gilbert-Elliott channel (Gilbert 1960, Bell Syst.
@@ -93,6 +93,7 @@ class FaultInjector:
         self.cfg = cfg
         self.rng = np.random.default_rng(cfg.fault_seed)
         self.delay_rng = np.random.default_rng([cfg.fault_seed, 1])
+        self.garbage_rng = np.random.default_rng([cfg.fault_seed, 2])  # what a malformed message looks like
         self.delay = parse_delay(cfg.delay_ms) if cfg.delay_ms else None
         self.counts: Counter = Counter({k: 0 for k in KINDS})
         self.malformed_kinds: Counter = Counter()
@@ -118,11 +119,11 @@ class FaultInjector:
         return int(ms * 1e6)
 
     def _malformed(self, frames: list) -> list:
-        kind = _MALFORMED[int(self.rng.integers(len(_MALFORMED)))]
+        kind = _MALFORMED[int(self.garbage_rng.integers(len(_MALFORMED)))]
         self.malformed_kinds[kind] += 1
         header = bytes(frames[0])
         if kind == "garbage":
-            return [self.rng.bytes(int(self.rng.integers(1, 64)))]
+            return [self.garbage_rng.bytes(int(self.garbage_rng.integers(1, 64)))]
         if kind == "truncated_header":
             return [header[: len(header) // 2], *frames[1:]]
         return [header]  # the arrays the header announces are missing
