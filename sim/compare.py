@@ -1,7 +1,9 @@
 """Compare two replay reports figure by figure, with a verdict that accounts for the confidence intervals.
 
 `edgeinfer compare A.json B.json`: A is the baseline, B the candidate. Per figure: A, B, the ratio B/A and
-a verdict, "better", "worse", "no significant change" or "not judged" (no interval or counts to test):
+a verdict, "better", "worse", "no significant change", "changed" (a significant change in a figure
+with no good direction: more ticks on a middle rung of the fallback ladder may replace full chunks or
+holds) or "not judged" (no interval or counts to test):
 
 - latency percentiles, time to chunk, action RMSE: the two 95 % intervals do not overlap (a conservative
   test: for intervals of equal width, about 0.3 % of identical runs would differ in each direction);
@@ -24,7 +26,7 @@ from edgeinfer.sim.report import _jsonable
 from edgeinfer.sim.stats import exceedance_p, fisher_exact_p
 
 ALPHA = 0.05
-BETTER, WORSE, SAME, NOT_JUDGED = "better", "worse", "no significant change", "not judged"
+BETTER, WORSE, SAME, CHANGED, NOT_JUDGED = "better", "worse", "no significant change", "changed", "not judged"
 KNOWN_VERSIONS = (1, 2)  # reports before schema_version existed are 1: no intervals, nothing judged by CI
 
 
@@ -76,13 +78,15 @@ def _by_intervals(ci_a, ci_b, lower_is_better: bool) -> tuple[str, str]:
     return SAME, "95% intervals overlap"
 
 
-def _by_counts(k_a, n_a, k_b, n_b, lower_is_better: bool, alpha: float) -> tuple[str, str]:
+def _by_counts(k_a, n_a, k_b, n_b, lower_is_better: bool | None, alpha: float) -> tuple[str, str]:
     if not all(isinstance(v, int) and not isinstance(v, bool) for v in (k_a, n_a, k_b, n_b)) or not n_a or not n_b:
         return NOT_JUDGED, "no counts"
     up = fisher_exact_p(k_a, n_a, k_b, n_b, "b_greater")
     down = fisher_exact_p(k_a, n_a, k_b, n_b, "b_less")
     if min(up, down) >= alpha:
         return SAME, f"Fisher p={min(up, down):.2g}"
+    if lower_is_better is None:
+        return CHANGED, f"Fisher p={min(up, down):.2g}"
     higher = up < alpha
     return (WORSE if higher == lower_is_better else BETTER), f"Fisher p={min(up, down):.2g}"
 
@@ -142,7 +146,8 @@ def compare(a: dict, b: dict, alpha: float = ALPHA) -> list[dict]:
     rungs = list(dict.fromkeys([*(a.get("fallbacks") or {}), *(b.get("fallbacks") or {})]))
     for rung in rungs:
         ka, kb = _get(a, "fallbacks", rung) or 0, _get(b, "fallbacks", rung) or 0
-        rows.append(_row(f"ticks served by {rung}", ka, kb, _by_counts(ka, n_a, kb, n_b, rung != "full", alpha)))
+        direction = {"full": False, "hold": True}.get(rung)  # middle rungs: no direction
+        rows.append(_row(f"ticks served by {rung}", ka, kb, _by_counts(ka, n_a, kb, n_b, direction, alpha)))
     for key in ("p50", "p99"):
         va, vb = _get(a, "chunks", "time_to_chunk_ms", key), _get(b, "chunks", "time_to_chunk_ms", key)
         if va is not None or vb is not None:
@@ -187,8 +192,8 @@ def print_comparison(rows: list[dict], label_a: str, label_b: str, console=None)
     table = Table(title=f"edgeinfer compare: A = {label_a}, B = {label_b}")
     for col, justify in (("figure", "left"), ("A", "right"), ("B", "right"), ("B/A", "right"),
                          ("verdict", "left"), ("test", "left")):
-        table.add_column(col, justify=justify)
-    colour = {WORSE: "red", BETTER: "green", SAME: "default", NOT_JUDGED: "dim"}
+        table.add_column(col, justify=justify, no_wrap=col in ("figure", "verdict"))
+    colour = {WORSE: "red", BETTER: "green", SAME: "default", CHANGED: "yellow", NOT_JUDGED: "dim"}
     for r in rows:
         unit = f" {r['unit']}" if r["unit"] else ""
         table.add_row(r["figure"] + unit, _fmt(r["a"]), _fmt(r["b"]), _fmt(r["ratio"]),

@@ -26,10 +26,11 @@ def _figure(size):
 
 
 def _plain_log_y(ax) -> None:
-    """Log y axis labelled 1, 10, 100 (not 10^0) with no minor labels."""
-    from matplotlib.ticker import FuncFormatter, NullFormatter
+    """Log y axis labelled 1, 2, 5, 10, 20, ... (not 10^0), so that a range under a decade still has labels."""
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
     ax.set_yscale("log")
+    ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
     ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
     ax.yaxis.set_minor_formatter(NullFormatter())
 

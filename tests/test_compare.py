@@ -4,7 +4,17 @@ import subprocess
 import sys
 
 import pytest
-from edgeinfer.sim.compare import BETTER, NOT_JUDGED, SAME, WORSE, ReportError, compare, load_report, regressions
+from edgeinfer.sim.compare import (
+    BETTER,
+    CHANGED,
+    NOT_JUDGED,
+    SAME,
+    WORSE,
+    ReportError,
+    compare,
+    load_report,
+    regressions,
+)
 from edgeinfer.sim.report import write_report
 from synthetic_runs import report
 
@@ -89,3 +99,40 @@ def test_load_report_refuses_other_files(tmp_path):
         load_report(tmp_path / "v9.json")
     with pytest.raises(ReportError, match="no such file"):
         load_report(tmp_path / "missing.json")
+
+
+def test_middle_rungs_have_no_direction():
+    a = {"observations_sent": 1000, "fallbacks": {"full": 900, "draft": 100, "hold": 0}}
+    b = {"observations_sent": 1000, "fallbacks": {"full": 700, "draft": 290, "hold": 10}}
+    by = _verdicts(compare(a, b))
+    assert by["ticks served by full"] == WORSE and by["ticks served by hold"] == WORSE
+    assert by["ticks served by draft"] == CHANGED  # more drafts instead of full chunks: neither better nor worse
+    assert set(regressions(compare(a, b))) == {"ticks served by full", "ticks served by hold"}
+
+
+@pytest.mark.slow
+def test_real_replays_clean_vs_runtime_killed(schunk_dir, tmp_path):
+    """Two real replays (processes + sockets) of the first 2 s of measurement_1: the run whose runtime is
+    killed halfway is flagged for holds and misses. Nothing else is asserted: on a shared machine the load,
+    and so the latency, really does change between two runs."""
+    from edgeinfer.sim.logs import ArmLog, read_schunk, write_schunk
+
+    log = read_schunk(schunk_dir / "measurement_1")
+    write_schunk(ArmLog("m1_2s", log.t_s[:500], log.q_rad[:500], log.qd_rad_s[:500]), tmp_path / "m1_2s")
+    reports, stdout = {}, {}
+    for name, extra in (("clean", ["--slo", "p99<=50ms,miss<=50%"]), ("killed", ["--kill-runtime-at-tick", "250"])):
+        proc = subprocess.run([sys.executable, "-m", "edgeinfer", "replay", "--log", str(tmp_path / "m1_2s"),
+                               "--out", str(tmp_path / name), *extra], capture_output=True, text=True, timeout=600)
+        assert proc.returncode in (0, 1), proc.stdout + proc.stderr  # 1: the killed runtime's exit code
+        reports[name], stdout[name] = tmp_path / name / "report.json", proc.stdout
+        for png in ("latency_histogram.png", "latency.png", "stages.png"):
+            assert (tmp_path / name / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    clean = load_report(reports["clean"])
+    assert clean["schema_version"] == 2 and clean["slo"]["objective"] == "p99<=50ms,miss<=50%"
+    assert [t["metric"] for t in clean["slo"]["terms"]] == ["p99", "miss"] and "slo p99<=50ms" in stdout["clean"]
+    proc = subprocess.run([sys.executable, "-m", "edgeinfer", "compare", str(reports["clean"]), str(reports["killed"]),
+                           "--fail-on-regression", "--json", str(tmp_path / "cmp.json")],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    worse = set(json.loads((tmp_path / "cmp.json").read_text())["regressions"])
+    assert {"miss rate", "ticks hold", "ticks served by hold"} <= worse
