@@ -114,6 +114,22 @@ def machine() -> dict:
     return info
 
 
+def source_version() -> dict:
+    """{commit, dirty} of the checkout edgeinfer runs from (None when it is not a git checkout)."""
+    import subprocess
+
+    root = Path(__file__).resolve().parents[1]
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10)
+        status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+                                capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return {"commit": None, "dirty": None}
+    if commit.returncode != 0:
+        return {"commit": None, "dirty": None}
+    return {"commit": commit.stdout.strip(), "dirty": bool(status.stdout.strip())}
+
+
 def run_bench(cfg: BenchConfig, sc: Scenarios | None = None, console: Console | None = None,
               command: list[str] | None = None) -> dict:
     """Measure every ruler (see the module docstring); returns the result dict (schema edgeinfer.bench/1)
@@ -152,7 +168,7 @@ def run_bench(cfg: BenchConfig, sc: Scenarios | None = None, console: Console | 
         "schema": SCHEMA, "command": command if command is not None else sys.argv,
         "config": json.loads(json.dumps(dataclasses.asdict(cfg), default=str)),  # paths as text
         "scenarios": {**dataclasses.asdict(sc), "repeats": repeats, "seed": seed},
-        "machine": machine(), "started_unix_s": time.time(),
+        "machine": machine(), "source": source_version(), "started_unix_s": time.time(),
         "data": {"source": source, "logs": [log.name for log in logs], "windows": int(len(feats)),
                  "rate_hz": [round(log.rate_hz, 3) for log in logs]},
         "seeds": {"observations": seed, "runtime": seed},

@@ -72,7 +72,14 @@ def setup_line(result: dict) -> str:
     return (f"engine {e['backend']} {e['precision']} {e['device']} ({e['threads']} thread(s)); "
             f"{sc['repeats']} repeats (median quoted), seed {sc['seed']}, {sc['decode']['observations']} "
             f"observations in-process; logs {', '.join(d['logs'])} ({d['source']}); "
-            f"scenarios {sc['source']}; {result['seconds']} s")
+            f"scenarios {sc['source']}; {result['seconds']} s; edgeinfer {_commit(result)}")
+
+
+def _commit(result: dict) -> str:
+    src = result.get("source") or {}
+    if not src.get("commit"):
+        return "(not a git checkout)"
+    return src["commit"][:10] + (" + uncommitted changes" if src.get("dirty") else "")
 
 
 def print_result(result: dict, console: Console | None = None) -> None:

@@ -43,6 +43,7 @@ def test_records_machine_versions_seeds_and_command(result):
     assert m["torch"] == "2.13.0" or m["torch"].startswith("2.13.0+")
     assert m["pyzmq"] and m["libzmq"] and m["numpy"]
     assert result["command"] == ["edgeinfer", "bench", "--scenarios", "quick"]
+    assert set(result["source"]) == {"commit", "dirty"}
     assert result["seeds"] == {"observations": 0, "runtime": 0}
     assert result["scenarios"]["repeats"] == 2 and result["scenarios"]["source"].endswith("quick.toml")
     assert result["data"]["logs"] == ["measurement_1"] and result["data"]["source"].startswith("real")
