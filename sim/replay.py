@@ -38,7 +38,7 @@ from edgeinfer.sim.schedule import observation, previous_rows, tick_grid
 from rich.console import Console
 
 from edgeinfer import clock, transport
-from edgeinfer.clock import now_ns, sleep_until
+from edgeinfer.clock import now_ns
 from edgeinfer.config_cli import to_argv
 from edgeinfer.lifecycle import PARENT_PID_ENV
 from edgeinfer.runtime import RuntimeConfig
@@ -72,7 +72,9 @@ class ReplayConfig:
     settle_ms: float = 200.0
     handshake_timeout_s: float = 120.0
     kill_runtime_at_tick: int | None = None  # fault injection: SIGKILL the runtime when this row is sent
-    replayer_priority: int = 50  # SCHED_FIFO priority of the replayer (best effort; 0 = off)
+    # SCHED_FIFO priority of the replayer (best effort; 0 = off). Above the control loop's 60: the replayer stands
+    # in for the sensor hardware, whose timing the system under test must not be able to delay.
+    replayer_priority: int = 70
     # Pin the replayer and control loop to CPU 0 and the runtime to the others (when there are >= 2 and
     # the runtime/control CPU options are unset), so real-time wake-ups never preempt a decode.
     pin_cpus: bool = True
@@ -292,11 +294,8 @@ def _stream(log: ArmLog, ticks: np.ndarray, stride: int, obs_pub, cmd_rx, chunk_
         for i in range(len(log)):
             # encode before the wait, so that the send itself is all that happens at the due time
             frames = encode(observation(log, ticks, prev, i, int(rec.t_sched_ns[i])))
-            if afap:
-                _collect(cmd_rx, chunk_rx, rec)
-            else:
-                _collect_until(int(rec.t_sched_ns[i]), cmd_rx, chunk_rx, rec, injector=injector, pub=obs_pub,
-                               tail=tail)
+            grabbed = [] if afap else _collect_until(int(rec.t_sched_ns[i]), cmd_rx, chunk_rx, rec,
+                                                     injector=injector, pub=obs_pub, tail=tail)
             t = now_ns()
             rec.t_sent_ns[i] = t
             if afap:
@@ -309,12 +308,13 @@ def _stream(log: ArmLog, ticks: np.ndarray, stride: int, obs_pub, cmd_rx, chunk_
                 _send_frames(obs_pub, frames)
             else:
                 injector.submit(i, frames, t, obs_pub)
+            _collect(cmd_rx, chunk_rx, rec, grabbed)
             if fault is not None and i == fault[0]:
                 fault[1]()
             if progress is not None and i % 128 == 0:  # a progress bar, redrawn twice a second at 250 Hz
                 progress(i)
         end = int(rec.t_sched_ns[-1]) + int(deadline_ms * 1e6) + 20_000_000
-        _collect_until(end, cmd_rx, chunk_rx, rec, injector=injector, pub=obs_pub)
+        _collect(cmd_rx, chunk_rx, rec, _collect_until(end, cmd_rx, chunk_rx, rec, injector=injector, pub=obs_pub))
     except KeyboardInterrupt:
         rec.interrupted = True
     finally:
@@ -337,49 +337,66 @@ def _send_frames(sock, frames: list) -> None:
 
 
 def _collect_until(deadline_ns: int, cmd_rx, chunk_rx, rec: Recording, spin_ns: int = 200_000,
-                   injector: FaultInjector | None = None, pub=None, tail: SpinTail | None = None) -> None:
+                   injector: FaultInjector | None = None, pub=None, tail: SpinTail | None = None) -> list:
     """Timestamp arriving commands and chunks as they come until deadline_ns, then spin briefly so the
     next observation leaves on time. Delayed observations of `injector` that fall due meanwhile are sent on
     `pub` at their time (each wait ends at the earlier of the deadline and the next delayed send). With
     `tail`, the spin lasts tail.spin_ns and every timed-out sleep reports its wake-up lateness to it.
+    Returns the messages that arrived during the spin, as (t_recv_ns, receiver, frames): pass them to _collect
+    after the send.
 
     Waits with select() on the sockets' notification fds, which takes sub-ms timeouts (zmq_poll counts
     whole ms), so the process wakes only when a message arrives or the deadline nears. Those fds are
     edge-triggered: ZMQ_EVENTS is checked, and the sockets drained, before every wait.
     """
     while injector is not None and (due := injector.next_due_ns()) is not None and due < deadline_ns:
-        _collect_until(due, cmd_rx, chunk_rx, rec, spin_ns, tail=tail)
+        grabbed = _collect_until(due, cmd_rx, chunk_rx, rec, spin_ns, tail=tail)
         injector.release(now_ns(), pub)
+        _collect(cmd_rx, chunk_rx, rec, grabbed)
     spin_ns = tail.spin_ns if tail is not None else spin_ns
     socks = (cmd_rx.sock, chunk_rx.sock)
     fds = [s.getsockopt(zmq.FD) for s in socks]
     while True:
-        if any(s.getsockopt(zmq.EVENTS) & zmq.POLLIN for s in socks):
-            _collect(cmd_rx, chunk_rx, rec)
-            continue
         remaining = deadline_ns - now_ns()
         if remaining <= spin_ns:
             break
+        if any(s.getsockopt(zmq.EVENTS) & zmq.POLLIN for s in socks):
+            _collect(cmd_rx, chunk_rx, rec)
+            continue
         woke = select.select(fds, [], [], (remaining - spin_ns) / 1e9)
         if tail is not None and not woke[0]:  # a timed-out sleep: how late did the OS wake us?
             tail.woke(now_ns() - (deadline_ns - spin_ns))
-    sleep_until(deadline_ns, spin_ns)
+    # The spin: a message that arrives now is taken off its socket with its receipt time but decoded after the
+    # send, so that neither a chunk's decode delays the observation nor the send delays the message's time.
+    grabbed = []
+    while (t := now_ns()) < deadline_ns:
+        for rx in (cmd_rx, chunk_rx):
+            if rx.sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+                try:
+                    grabbed.append((t, rx, rx.sock.recv_multipart(flags=zmq.NOBLOCK, copy=False)))
+                except zmq.Again:
+                    pass
+    return grabbed
 
 
-def _collect(cmd_rx, chunk_rx, rec: Recording) -> None:
+def _collect(cmd_rx, chunk_rx, rec: Recording, grabbed: list = ()) -> None:
+    """Record every queued command and chunk at its receipt time: now for what is still on the sockets, the
+    time taken for `grabbed` (t_recv_ns, receiver, raw frames) messages taken off during a spin."""
     t = now_ns()
-    for msg in cmd_rx.drain():
+    # Receiver._decode counts a malformed message as drain() would
+    early = [(tg, m) for tg, rx, frames in grabbed if (m := rx._decode(frames)) is not None]
+    for t_msg, msg in early + [(t, m) for m in cmd_rx.drain()]:
         if not isinstance(msg, JointCommand):
             continue
-        if not (0 <= msg.seq < rec.n_ticks and t >= rec.t0_ns + msg.seq * rec.period_ns):
+        if not (0 <= msg.seq < rec.n_ticks and t_msg >= rec.t0_ns + msg.seq * rec.period_ns):
             rec.rejected_commands += 1
         elif msg.seq in rec.commands:
             rec.duplicate_commands += 1
         else:
-            rec.commands[msg.seq] = (t, msg)
-    for msg in chunk_rx.drain():
+            rec.commands[msg.seq] = (t_msg, msg)
+    for t_msg, msg in early + [(t, m) for m in chunk_rx.drain()]:
         if isinstance(msg, ActionChunk):
-            rec.chunks.append((t, msg))
+            rec.chunks.append((t_msg, msg))
     rec.malformed = cmd_rx.malformed + chunk_rx.malformed
 
 
