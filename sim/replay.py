@@ -368,8 +368,11 @@ def _collect_until(deadline_ns: int, cmd_rx, chunk_rx, rec: Recording, spin_ns: 
             tail.woke(now_ns() - (deadline_ns - spin_ns))
     # The spin: a message that arrives now is taken off its socket with its receipt time but decoded after the
     # send, so that neither a chunk's decode delays the observation nor the send delays the message's time.
+    # The last 30 us spin on the clock alone (a socket check costs a few us and would blur the send time).
     grabbed = []
     while (t := now_ns()) < deadline_ns:
+        if deadline_ns - t < 30_000:
+            continue
         for rx in (cmd_rx, chunk_rx):
             if rx.sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
                 try:
