@@ -154,3 +154,17 @@ def test_cli_and_launch_file_fill_the_fault_config(tmp_path):
     assert cfg.log_format == "mcap" and cfg.topic == "/joint_states"
     with pytest.raises(ValueError, match="time_scale"):
         ReplayConfig(time_scale=50)
+
+
+def test_shipped_fault_launch_file():
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "launch" / "faults.toml"
+    cfg = build(ReplayConfig, argparse_namespace(), load_launch(path, "replay"), path.parent)
+    assert cfg.faults.active and cfg.faults.fault_seed == 1 and cfg.faults.delay_ms == "exp:2"
+
+
+def argparse_namespace():
+    import argparse
+
+    return argparse.Namespace()
