@@ -21,7 +21,8 @@ def tick_grid(log: ArmLog, tolerance: float = 0.25) -> np.ndarray:
     bad = np.flatnonzero((off > tolerance) | np.r_[False, np.diff(ticks) < 1])
     if len(bad):
         i = int(bad[0])
-        raise LogError(f"{log.name}: time.csv line {i + 1}: t = {float(log.t_s[i]):.6f} s is not on the log's "
+        where = f"time.csv line {i + 1}" if log.source == "schunk" else f"record {i} (in time order)"
+        raise LogError(f"{log.name}: {where}: t = {float(log.t_s[i]):.6f} s is not on the log's "
                        f"{log.rate_hz:.1f} Hz tick grid (off by {float(off[i]):.2f} periods, or a repeated tick)")
     return ticks
 

@@ -420,3 +420,22 @@ def test_unknown_format_and_options(tmp_path):
         read_log(tmp_path / "missing.mcap")
     with pytest.raises(ValueError, match="does not take option"):
         read_log(tmp_path / "x.csv", fmt="csv", topic="/a")
+
+
+def test_missing_optional_library_names_the_extra(real, tmp_path, monkeypatch):
+    import sys
+
+    path = write_mcap_json(ArmLog("s", real.t_s[:10], real.q_rad[:10], real.qd_rad_s[:10]), tmp_path / "a.mcap")
+    monkeypatch.setitem(sys.modules, "mcap.reader", None)  # as if mcap were not installed
+    with pytest.raises(RuntimeError, match=r"pip install 'edgeinfer\[logs\]'"):
+        read_log(path)
+
+
+def test_off_grid_record_is_named_by_its_record(real, tmp_path):
+    from edgeinfer.sim.schedule import tick_grid
+
+    t = real.t_s[:50].copy()
+    t[20] += 0.0015  # 0.375 of a period off its tick
+    path = write_generic_csv(ArmLog("s", t, real.q_rad[:50], real.qd_rad_s[:50]), tmp_path / "arm.csv")
+    with pytest.raises(LogError, match="record 20 .* not on the log's 250.0 Hz tick grid"):
+        tick_grid(read_log(path, columns="t=stamp_ns,t_unit=ns,q=pos_*,qd=vel_*"))

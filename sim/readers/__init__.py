@@ -71,7 +71,7 @@ def read_log(path: str | Path, fmt: str | None = None, on_error: Literal["raise"
     (topic, q_field, qd_field, time_source for bags and MCAP; columns for CSV; episode, q_field, qd_field for
     LeRobot); None values are ignored. Raises LogError naming the file and record for unreadable input
     (on_error="truncate" keeps the records before it), ValueError for an unknown format, an option the
-    format does not take, or a bad on_error. ImportError names the extra when an optional library is missing.
+    format does not take, or a bad on_error. RuntimeError names the extra when an optional library is missing.
     """
     check_on_error(on_error)
     fmt = fmt or detect_format(path)
@@ -89,4 +89,4 @@ def read_log(path: str | Path, fmt: str | None = None, on_error: Literal["raise"
         reader = getattr(importlib.import_module(module), func)
         return reader(path, on_error=on_error, **options)
     except ModuleNotFoundError as e:
-        raise ImportError(f"reading {fmt} logs needs {e.name}: pip install 'edgeinfer[logs]'") from e
+        raise RuntimeError(f"reading {fmt} logs needs {e.name}: pip install 'edgeinfer[logs]'") from e
