@@ -59,7 +59,9 @@ class ControlConfig:
 @dataclass
 class ControlStats:
     ticks: int = 0
+    observations: int = 0  # Observation messages received
     holds: int = 0
+    no_state: int = 0  # ticks before any observation or chunk: nothing safe to command, none sent
     clamped: int = 0
     overruns: int = 0
     malformed: int = 0
@@ -147,6 +149,7 @@ class ControlLoop:
             self._command(n, t_tick, period_s)
             self._publish_status()
         self.stats.overruns = ticker.overruns
+        self._take_messages(now_ns())  # count what arrived for the last tick
         self._refresh_stats()
         if self.status is not None:  # the final Stats, for the replayer's report
             transport.send(self.status, self.telemetry.snapshot())
@@ -177,6 +180,7 @@ class ControlLoop:
         for msg in self.obs.drain():
             if isinstance(msg, Observation):
                 self.last_obs = msg
+                self.stats.observations += 1
             elif isinstance(msg, Stop):
                 return False
         return True
@@ -219,6 +223,7 @@ class ControlLoop:
             if q is None and self.last_obs is not None:
                 q = self.last_obs.q_rad
             if q is None:
+                self.stats.no_state += 1
                 return  # no state at all yet: nothing safe to command; the replayer counts it lost
             self.stats.holds += 1
             self.stats.holds_runtime_dead += not self.runtime.alive

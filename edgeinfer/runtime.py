@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import signal
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -68,8 +69,11 @@ class RuntimeConfig:
     # observations older than this when they arrive are dropped and counted (obs_stale); None: off (another
     # host's clock)
     max_obs_age_ms: float | None = 50.0
-    runtime_heartbeat_ms: float = 10.0  # Heartbeat period on the chunk PUB
-    runtime_lease_ms: float = 50.0  # liveliness lease: peers deem the runtime dead after this long unheard
+    # Heartbeat period on the chunk PUB, and the liveliness lease: the control loop deems the runtime dead after
+    # this long unheard. A killed process closes its sockets only after the kernel has torn down its memory
+    # (tens of ms for torch), so the lease is what detects death within two control periods (8 ms at 250 Hz).
+    runtime_heartbeat_ms: float = 2.0
+    runtime_lease_ms: float = 6.0
     runtime_stats_ms: float = 200.0  # Stats period on the chunk PUB
     faults: FaultConfig = field(default_factory=FaultConfig)  # fault injection (edgeinfer.faults); off by default
 
@@ -213,6 +217,9 @@ def serve(cfg: RuntimeConfig, endpoints: transport.Endpoints, handshake_timeout_
     if warning:
         print(f"runtime: {warning}", flush=True)
     runtime = _make_runtime(cfg)
+    # The beacon thread must get the GIL within a fraction of the lease while the main thread decodes
+    # (CPython's default switch interval is 5 ms).
+    sys.setswitchinterval(min(sys.getswitchinterval(), cfg.runtime_heartbeat_ms / 2000))
     stop = {"flag": False}
     signal.signal(signal.SIGTERM, lambda *_: stop.update(flag=True))
     ctx = zmq.Context()
@@ -269,12 +276,13 @@ def serve(cfg: RuntimeConfig, endpoints: transport.Endpoints, handshake_timeout_
                     print(f"runtime: no message for {cfg.idle_timeout_s} s; exiting", flush=True)
                     break
                 continue
-            last_msg_ns = t_recv
             batch = [first, *obs_rx.drain()]
-            if any(isinstance(m, Stop) for m in batch):
-                break
+            last_msg_ns = t_recv = now_ns()  # after the drain: the newest observation may have just arrived
             # latest-only: a stale observation is worse than none (Heartbeats and Hellos are not observations)
             observations = [m for m in batch if isinstance(m, Observation)]
+            tel.count("observations", len(observations))
+            if any(isinstance(m, Stop) for m in batch):
+                break
             obs_rx.stale_dropped += max(0, len(observations) - 1)
             msg = observations[-1] if observations else None
             if msg is None or msg.seq < next_seq:

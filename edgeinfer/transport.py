@@ -285,8 +285,9 @@ class Receiver:
             if msg is not None:
                 return msg
 
-    def drain(self, limit: int = 10_000) -> list[Message]:
-        """All valid messages already queued, oldest first; at most `limit`, so a fast sender cannot pin us."""
+    def drain(self, limit: int = 256) -> list[Message]:
+        """Valid messages already queued, oldest first, from at most `limit` received (valid or not), so that a
+        flood (of garbage, say) cannot pin the caller in here: it gets back to its loop and serves what it has."""
         out = []
         for _ in range(limit):
             if not self._pending():  # cheaper than a NOBLOCK recv raising zmq.Again

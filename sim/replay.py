@@ -35,6 +35,7 @@ from edgeinfer.sim.plots import write_plots
 from edgeinfer.sim.readers import read_log
 from edgeinfer.sim.report import print_table, replay_progress, write_report
 from edgeinfer.sim.schedule import observation, previous_rows, tick_grid
+from edgeinfer.sim.supervisor import Supervisor, gap_report, safety_report
 from rich.console import Console
 
 from edgeinfer import clock, transport
@@ -42,7 +43,8 @@ from edgeinfer.clock import now_ns
 from edgeinfer.config_cli import to_argv
 from edgeinfer.lifecycle import PARENT_PID_ENV
 from edgeinfer.runtime import RuntimeConfig
-from edgeinfer.wire import ActionChunk, JointCommand, Start, Stop, encode
+from edgeinfer.telemetry import stats_summary
+from edgeinfer.wire import ActionChunk, JointCommand, Start, Stats, Stop, encode
 
 
 @dataclass
@@ -72,6 +74,8 @@ class ReplayConfig:
     settle_ms: float = 200.0
     handshake_timeout_s: float = 120.0
     kill_runtime_at_tick: int | None = None  # fault injection: SIGKILL the runtime when this row is sent
+    restart_runtime_after_ms: float | None = None  # ... and start a new runtime process this long after the kill
+    garbage_per_row: int = 0  # fault injection: malformed messages (sim/supervisor.GARBAGE_KINDS) after each row
     # SCHED_FIFO priority of the replayer (best effort; 0 = off). Above the control loop's 60: the replayer stands
     # in for the sensor hardware, whose timing the system under test must not be able to delay.
     replayer_priority: int = 70
@@ -97,6 +101,12 @@ class ReplayConfig:
             raise ValueError(f"ReplayConfig.handshake_timeout_s must be > 0, got {self.handshake_timeout_s}")
         if self.kill_runtime_at_tick is not None and self.kill_runtime_at_tick < 0:
             raise ValueError(f"ReplayConfig.kill_runtime_at_tick must be >= 0, got {self.kill_runtime_at_tick}")
+        if self.restart_runtime_after_ms is not None and (self.kill_runtime_at_tick is None
+                                                          or not self.restart_runtime_after_ms >= 0):
+            raise ValueError("ReplayConfig.restart_runtime_after_ms needs kill_runtime_at_tick and must be >= 0, got "
+                             f"{self.restart_runtime_after_ms}")
+        if not 0 <= self.garbage_per_row <= 100:
+            raise ValueError(f"ReplayConfig.garbage_per_row must be in 0..100, got {self.garbage_per_row}")
         if not 0 <= self.replayer_priority <= 99:
             raise ValueError(f"ReplayConfig.replayer_priority must be in 0..99, got {self.replayer_priority}")
         if self.slo is not None:
@@ -124,6 +134,7 @@ class Recording:
     duplicate_commands: int = 0  # a second command for a tick (the first one counts): a second sender?
     malformed: int = 0
     interrupted: bool = False
+    node_stats: dict = field(default_factory=dict)  # sender -> its newest wire.Stats
 
 
 def load_log(path: Path | None, fmt: str | None = None, **options) -> ArmLog:
@@ -207,18 +218,22 @@ def replay(cfg: ReplayConfig, console: Console | None = None) -> dict:
         cmd_rx = transport.Receiver(transport.pull(ctx, ep.commands, bind=True, hwm=10_000))
         ready_rx = transport.Receiver(transport.pull(ctx, ep.ready, bind=True))
         chunk_rx = transport.Receiver(transport.sub(ctx, ep.chunks, hwm=10_000))
+        status_rx = transport.Receiver(transport.sub(ctx, ep.status, hwm=10_000))
         with console.status(f"starting runtime ({cfg.runtime.decode}) and control processes"):
             transport.wait_until_subscribed(obs_pub, "replayer", ready_rx, {"runtime", "control"},
                                             cfg.handshake_timeout_s, check=lambda: _check_alive(procs, cfg.out))
             transport.wait_for_hello([chunk_rx], cfg.handshake_timeout_s)
         with replay_progress(console, len(log), f"replaying at {log.rate_hz:.0f} Hz") as progress:
-            fault = (cfg.kill_runtime_at_tick, procs[0].kill) if cfg.kill_runtime_at_tick is not None else None
-            rec = _stream(log, ticks, stride, obs_pub, cmd_rx, chunk_rx, deadline_ms, cfg.settle_ms, fault,
+            sup = Supervisor(obs_pub, procs, cfg.kill_runtime_at_tick, cfg.restart_runtime_after_ms,
+                             lambda: _spawn("serve", cfg.runtime, ep, cfg.out / "runtime.restarted.log"),
+                             cfg.garbage_per_row)
+            rec = _stream(log, ticks, stride, obs_pub, cmd_rx, chunk_rx, deadline_ms, cfg.settle_ms, sup.on_row,
                           pacing=cfg, progress=progress)
             for s in previous:  # a second Ctrl-C must not lose the report of the first
                 signal.signal(s, signal.SIG_IGN)
             transport.send(obs_pub, Stop("interrupted" if rec.interrupted else "end of log"))
-            exit_codes = _finish(procs, cmd_rx, chunk_rx, rec)
+            sup.join()
+            exit_codes = _finish(procs, cmd_rx, chunk_rx, rec, status_rx)
     finally:
         for p in procs:
             if p.poll() is None:
@@ -230,6 +245,12 @@ def replay(cfg: ReplayConfig, console: Console | None = None) -> dict:
             signal.signal(s, handler)
     report, per_tick = summarize(rec, log, cfg, deadline_ms, stride)
     report["process_exit_codes"] = exit_codes
+    report["runtime_fault"] = gap_report(sup, per_tick["outcome"], rec.t_sched_ns, rec.period_ns, rec.commands)
+    report["node_stats"] = {name: stats_summary(st) for name, st in sorted(rec.node_stats.items())}
+    lim = cfg.control.limits
+    report["safety"] = safety_report(rec.commands, lim.q_min_rad, lim.q_max_rad, lim.qd_max_rad_s, rec.period_ns)
+    if cfg.garbage_per_row:
+        report["garbage_sent"] = sup.garbage_sent
     report["harness"]["replayer_priority"] = None if rt_warning else cfg.replayer_priority
     for role, code in exit_codes.items():
         if code != 0:
@@ -270,7 +291,7 @@ def _check_alive(procs, out: Path) -> None:
 
 
 def _stream(log: ArmLog, ticks: np.ndarray, stride: int, obs_pub, cmd_rx, chunk_rx, deadline_ms: float,
-            settle_ms: float, fault=None, pacing: ReplayConfig | None = None, progress=None) -> Recording:
+            settle_ms: float, on_row=None, pacing: ReplayConfig | None = None, progress=None) -> Recording:
     """Publish every sample at its tick on an absolute schedule (sim/pacing.py: time scale, skip-ahead after a
     stall unless catch_up, or as fast as possible), through the network fault injector when pacing.faults is
     active; stop early (keeping what was sent) on KeyboardInterrupt."""
@@ -309,8 +330,8 @@ def _stream(log: ArmLog, ticks: np.ndarray, stride: int, obs_pub, cmd_rx, chunk_
             else:
                 injector.submit(i, frames, t, obs_pub)
             _collect(cmd_rx, chunk_rx, rec, grabbed)
-            if fault is not None and i == fault[0]:
-                fault[1]()
+            if on_row is not None:  # heartbeats and fault drills (sim/supervisor.py)
+                on_row(i, rec)
             if progress is not None and i % 128 == 0:  # a progress bar, redrawn twice a second at 250 Hz
                 progress(i)
         end = int(rec.t_sched_ns[-1]) + int(deadline_ms * 1e6) + 20_000_000
@@ -400,14 +421,17 @@ def _collect(cmd_rx, chunk_rx, rec: Recording, grabbed: list = ()) -> None:
     for t_msg, msg in early + [(t, m) for m in chunk_rx.drain()]:
         if isinstance(msg, ActionChunk):
             rec.chunks.append((t_msg, msg))
+        elif isinstance(msg, Stats):
+            rec.node_stats[msg.sender] = msg
     rec.malformed = cmd_rx.malformed + chunk_rx.malformed
 
 
-def _finish(procs, cmd_rx, chunk_rx, rec: Recording, timeout_s: float = 10.0) -> dict[str, int]:
+def _finish(procs, cmd_rx, chunk_rx, rec: Recording, status_rx=None, timeout_s: float = 10.0) -> dict[str, int]:
     """Wait for both children to exit after Stop (terminate stragglers); return their exit codes.
 
     A child that died mid-run does not lose the run: its missing commands are already counted as
-    misses, and the report records the exit code.
+    misses, and the report records the exit code. The newest Stats of each node (their last one is sent
+    at exit) land in rec.node_stats.
     """
     for p in procs:
         try:
@@ -416,4 +440,7 @@ def _finish(procs, cmd_rx, chunk_rx, rec: Recording, timeout_s: float = 10.0) ->
             p.terminate()
             p.wait(timeout=5)
     _collect(cmd_rx, chunk_rx, rec)
+    for msg in status_rx.drain() if status_rx is not None else []:
+        if isinstance(msg, Stats):
+            rec.node_stats[msg.sender] = msg
     return {role: p.returncode for p, role in zip(procs, ("runtime", "control"))}

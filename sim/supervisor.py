@@ -9,13 +9,36 @@ import threading
 from typing import Callable
 
 import numpy as np
+import zmq
 
 from edgeinfer import transport
 from edgeinfer.clock import now_ns
-from edgeinfer.wire import Heartbeat
+from edgeinfer.wire import MAX_HEADER_BYTES, Heartbeat, Observation, encode
 
 HEARTBEAT_PERIOD_MS = 20.0
 LEASE_MS = 100.0
+# malformed messages a drill sends (ReplayConfig.garbage_per_row), by the wire.ERROR_KINDS each must be counted as
+GARBAGE_KINDS = ("garbage", "truncated", "version", "oversize", "frames", "nonfinite")
+
+
+def malformed(kind: str, seq: int) -> list[bytes]:
+    """Raw frames of one malformed message of `kind` (an Observation gone wrong; seq past the run's ticks, so
+    that one decoded by mistake could never pass for a real observation)."""
+    q = np.zeros(6)
+    frames = [bytes(f) for f in encode(Observation(seq, 0, q, q, q))]
+    if kind == "garbage":
+        return [b"\xc1 not msgpack"]
+    if kind == "truncated":
+        return [frames[0][: len(frames[0]) // 2], *frames[1:]]
+    if kind == "version":
+        return [frames[0].replace(b"\xa7version\x01", b"\xa7version\x63"), *frames[1:]]
+    if kind == "oversize":  # every 16th an oversize header, the others an array frame one value too long
+        return [b"\x00" * (MAX_HEADER_BYTES + 1)] if seq % 16 == 0 else [*frames[:-1], frames[-1] + bytes(8)]
+    if kind == "frames":
+        return [*frames, frames[-1]]
+    if kind == "nonfinite":
+        return [*frames[:-1], np.full(6, np.nan).tobytes()]
+    raise ValueError(f"unknown malformed kind {kind!r}; known: {GARBAGE_KINDS}")
 
 
 class Supervisor:
@@ -28,8 +51,10 @@ class Supervisor:
     """
 
     def __init__(self, obs_pub, procs: list, kill_at_row: int | None, restart_after_ms: float | None,
-                 spawn: Callable[[], object]):
+                 spawn: Callable[[], object], garbage_per_row: int = 0):
         self.obs_pub, self.procs, self.kill_at_row = obs_pub, procs, kill_at_row
+        self.garbage_per_row = garbage_per_row
+        self.garbage_sent: dict[str, int] = {kind: 0 for kind in GARBAGE_KINDS}
         self.restart_after_ns = int(restart_after_ms * 1e6) if restart_after_ms is not None else None
         self.spawn = spawn
         self.killed = None  # the killed process
@@ -47,6 +72,10 @@ class Supervisor:
             self._seq += 1
             transport.send(self.obs_pub, Heartbeat("replayer", os.getpid(), self._seq, t, int(LEASE_MS * 1e6), -1,
                                                    rec.t0_ns, rec.period_ns, rec.n_ticks))
+        for _ in range(self.garbage_per_row):
+            kind = GARBAGE_KINDS[sum(self.garbage_sent.values()) % len(GARBAGE_KINDS)]
+            self.obs_pub.send_multipart(malformed(kind, rec.n_ticks + i), flags=zmq.NOBLOCK)
+            self.garbage_sent[kind] += 1
         if self.kill_at_row is not None and i >= self.kill_at_row and self.killed is None:  # a skipped row too
             self.killed, self.killed_row, self.killed_tick = self.procs[0], i, int(rec.tick[i])
             self.killed.kill()
@@ -104,3 +133,18 @@ def gap_report(sup: Supervisor, outcome: np.ndarray, t_sched_ns: np.ndarray, per
             "longest_hold_ms": longest * period_ns / 1e6,
             "recovered": bool(restarted and len(recovered)),
             "time_to_recover_ms": ((t_sched_ns[end] - sup.t_kill_ns) / 1e6 if restarted and len(recovered) else None)}
+
+
+def safety_report(commands: dict, q_min_rad, q_max_rad, qd_max_rad_s: float, period_ns: int) -> dict:
+    """The replayer's own check of every command it received (tick -> (t_recv, JointCommand)): non-finite
+    values, positions outside [q_min, q_max], and steps between consecutive ticks faster than qd_max
+    (1e-9 rad of rounding allowed)."""
+    ticks = sorted(commands)
+    q = np.array([commands[k][1].q_rad for k in ticks]).reshape(len(ticks), -1)
+    finite = np.isfinite(q).all(axis=1)
+    outside = (q < np.asarray(q_min_rad) - 1e-9) | (q > np.asarray(q_max_rad) + 1e-9)
+    consecutive = np.diff(ticks) == 1 if len(ticks) > 1 else np.zeros(0, dtype=bool)
+    step = np.abs(np.diff(q, axis=0)).max(axis=1) if len(ticks) > 1 else np.zeros(0)
+    too_fast = consecutive & (step > qd_max_rad_s * period_ns / 1e9 + 1e-9)
+    return {"commands_checked": len(ticks), "nonfinite": int(np.sum(~finite)),
+            "outside_position_limits": int(np.sum(outside.any(axis=1))), "over_velocity_limit": int(np.sum(too_fast))}
