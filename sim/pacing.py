@@ -64,14 +64,15 @@ class SpinTail:
     A sleep (select, time.sleep) ends late by the OS wake-up latency: tens of us on a quiet machine, up to ms
     on a loaded VM whose kernel does not preempt (PREEMPT_NONE) even for a SCHED_FIFO waker. A fixed 200 us
     tail then lets every late wake-up become a late send. The tail tracks a decaying maximum of the measured
-    wake-up lateness (x1.25 + 50 us), between min_ns and max_ns (default: a quarter period, at most 1 ms), so
-    it costs CPU only while the machine is noisy; the cap keeps a SCHED_FIFO replayer far from the kernel's
-    real-time throttling (95 % of a CPU by default), which would stall it for 50 ms.
+    wake-up lateness (x1.25 + 50 us), between min_ns and max_ns (default: an eighth of a period, at most
+    500 us), so it costs CPU only while the machine is noisy; the cap keeps the real-time share of the CPU
+    low: when real-time tasks take more than 95 % of a CPU, the kernel runs the starved normal tasks for
+    50 ms (RT throttling, the fair server since Linux 6.12), and every real-time task there stalls.
     """
 
     def __init__(self, period_ns: int, min_ns: int = 200_000, max_ns: int | None = None, decay: float = 0.995):
         self.min_ns = min_ns
-        self.max_ns = max(min_ns, max_ns if max_ns is not None else min(period_ns // 4, 1_000_000))
+        self.max_ns = max(min_ns, max_ns if max_ns is not None else min(period_ns // 8, 500_000))
         self.decay = decay
         self.recent_ns = 0.0
         self.spin_ns = min_ns

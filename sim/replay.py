@@ -298,10 +298,10 @@ def _stream(log: ArmLog, ticks: np.ndarray, stride: int, obs_pub, cmd_rx, chunk_
     pacing = pacing or ReplayConfig()
     afap = pacing.as_fast_as_possible
     injector = FaultInjector(pacing.faults) if pacing.faults.active else None
-    # A full collection of this process's heap (torch is imported) takes ~100 ms: collect once now, freeze
-    # the survivors and keep the collector off while streaming (reference counting still frees the rest).
+    # A full collection of this process's heap (torch is imported) takes 100 ms or more: freeze what exists
+    # (cheap; not collected now, which would burn that time at real-time priority) and keep the collector
+    # off while streaming (reference counting still frees the rest).
     gc_was_enabled = gc.isenabled()
-    gc.collect()
     gc.freeze()
     gc.disable()
     t0 = now_ns() + int(settle_ms * 1e6)

@@ -131,11 +131,11 @@ def test_send_timing_report_and_skip_rule():
 
 def test_spin_tail_follows_wake_up_lateness():
     tail = SpinTail(4_000_000)
-    assert tail.spin_ns == 200_000 and tail.max_ns == 1_000_000
-    tail.woke(400_000)
-    assert tail.spin_ns == int(1.25 * 400_000 + 50_000)
+    assert tail.spin_ns == 200_000 and tail.max_ns == 500_000
+    tail.woke(300_000)
+    assert tail.spin_ns == int(1.25 * 300_000 + 50_000)
     tail.woke(5_000_000)
-    assert tail.spin_ns == 1_000_000  # capped at a quarter period
+    assert tail.spin_ns == 500_000  # capped at an eighth of a period
     for _ in range(2000):
         tail.woke(10_000)
     assert tail.spin_ns == 200_000  # back to the floor once the machine is quiet
