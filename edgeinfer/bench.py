@@ -24,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.metadata
 import json
+import os
 import sys
 import time
 from dataclasses import dataclass
@@ -169,6 +170,8 @@ def run_bench(cfg: BenchConfig, sc: Scenarios | None = None, console: Console | 
         "config": json.loads(json.dumps(dataclasses.asdict(cfg), default=str)),  # paths as text
         "scenarios": {**dataclasses.asdict(sc), "repeats": repeats, "seed": seed},
         "machine": machine(), "source": source_version(), "started_unix_s": time.time(),
+        # 1-minute load average: other work on the machine while the bench ran (a figure's context)
+        "load_average_1min": {"start": os.getloadavg()[0], "end": None},
         "data": {"source": source, "logs": [log.name for log in logs], "windows": int(len(feats)),
                  "rate_hz": [round(log.rate_hz, 3) for log in logs]},
         "seeds": {"observations": seed, "runtime": seed},
@@ -225,6 +228,7 @@ def run_bench(cfg: BenchConfig, sc: Scenarios | None = None, console: Console | 
                      for name, v in e2e.items()}
     result["figures"] = figures
     result["seconds"] = round(time.perf_counter() - t_start, 1)
+    result["load_average_1min"]["end"] = os.getloadavg()[0]
     if cfg.json:
         Path(cfg.json).parent.mkdir(parents=True, exist_ok=True)
         Path(cfg.json).write_text(json.dumps(result, indent=1) + "\n")

@@ -2,6 +2,8 @@
 the comparison with a base result. Everything is computed from the JSON, never typed by hand."""
 from __future__ import annotations
 
+from pathlib import Path
+
 from rich.console import Console
 from rich.table import Table
 
@@ -72,7 +74,14 @@ def setup_line(result: dict) -> str:
     return (f"engine {e['backend']} {e['precision']} {e['device']} ({e['threads']} thread(s)); "
             f"{sc['repeats']} repeats (median quoted), seed {sc['seed']}, {sc['decode']['observations']} "
             f"observations in-process; logs {', '.join(d['logs'])} ({d['source']}); "
-            f"scenarios {sc['source']}; {result['seconds']} s; edgeinfer {_commit(result)}")
+            f"scenarios {Path(sc['source']).name}; {result['seconds']} s; edgeinfer {_commit(result)}{_load(result)}")
+
+
+def _load(result: dict) -> str:
+    load = result.get("load_average_1min")
+    if not load:
+        return ""
+    return f"; 1-min load average {load['start']:.1f} at the start, {load['end']:.1f} at the end"
 
 
 def _commit(result: dict) -> str:

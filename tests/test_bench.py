@@ -44,6 +44,7 @@ def test_records_machine_versions_seeds_and_command(result):
     assert m["pyzmq"] and m["libzmq"] and m["numpy"]
     assert result["command"] == ["edgeinfer", "bench", "--scenarios", "quick"]
     assert set(result["source"]) == {"commit", "dirty"}
+    assert all(v >= 0 for v in result["load_average_1min"].values())
     assert result["seeds"] == {"observations": 0, "runtime": 0}
     assert result["scenarios"]["repeats"] == 2 and result["scenarios"]["source"].endswith("quick.toml")
     assert result["data"]["logs"] == ["measurement_1"] and result["data"]["source"].startswith("real")
