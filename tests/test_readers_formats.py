@@ -439,3 +439,22 @@ def test_off_grid_record_is_named_by_its_record(real, tmp_path):
     path = write_generic_csv(ArmLog("s", t, real.q_rad[:50], real.qd_rad_s[:50]), tmp_path / "arm.csv")
     with pytest.raises(LogError, match="record 20 .* not on the log's 250.0 Hz tick grid"):
         tick_grid(read_log(path, columns="t=stamp_ns,t_unit=ns,q=pos_*,qd=vel_*"))
+
+
+@pytest.mark.parametrize("storage", ["sqlite3", "mcap"])
+def test_rosbag2_truncated(real, tmp_path, storage):
+    bag = write_rosbag2(ArmLog("s", real.t_s[:400], real.q_rad[:400], real.qd_rad_s[:400]), tmp_path / "bag", storage)
+    data_file = next(p for p in bag.iterdir() if p.suffix in (".db3", ".mcap"))
+    data = data_file.read_bytes()
+    data_file.write_bytes(data[: len(data) // 2])
+    if storage == "sqlite3":  # sqlite cannot open a database cut in half: nothing is usable, and it says so
+        for mode in ("raise", "truncate"):
+            with pytest.raises(LogError, match=f"{bag}: cannot open rosbag2 .*malformed"):
+                read_log(bag, on_error=mode)
+        return
+    # mcap storage: read as an MCAP stream up to the damage. rosbags writes these 400 messages as one chunk, so
+    # the damage is in the first chunk and nothing before it is usable; the error says which file and where.
+    with pytest.raises(LogError, match=r"bag\.mcap topic .* message 0: unreadable record"):
+        read_log(bag)
+    with pytest.raises(LogError, match=r"bag\.mcap .*truncated at message 0.*fewer than 2 usable records"):
+        read_log(bag, on_error="truncate")

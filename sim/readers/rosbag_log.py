@@ -32,7 +32,9 @@ def read_rosbag_log(path: str | Path, topic: str | None = None, q_field: str = "
     topic: default the first sensor_msgs/msg/JointState connection. time_source: "header" = header.stamp,
     "log" = the bag's receive timestamp. Raises LogError naming the bag and the 0-based message index on the
     topic for an unreadable or undecodable message (on_error="truncate" keeps the messages before it), for a
-    bag rosbags cannot open (an unindexed ROS 1 bag needs `rosbag reindex`), or for a missing topic.
+    bag rosbags cannot open (an unindexed ROS 1 bag needs `rosbag reindex`; a damaged sqlite3 file), or for a
+    missing topic. A rosbag2 in mcap storage that rosbags cannot open (truncated: no file end) is read as an
+    MCAP stream (sim.readers.mcap_log), so the messages before the damage stay usable.
     """
     from rosbags.highlevel import AnyReader
     from rosbags.typesys import Stores, get_typestore
@@ -44,6 +46,14 @@ def read_rosbag_log(path: str | Path, topic: str | None = None, q_field: str = "
         reader = AnyReader(paths, default_typestore=store)
         reader.open()
     except Exception as e:  # rosbags raises its own error types and sqlite3/struct errors for damaged files
+        mcaps = sorted(paths[0].glob("*.mcap")) if kind == "rosbag2" else []
+        if len(mcaps) == 1:
+            # rosbags needs an intact file end; mcap storage can still be read as a stream up to the damage
+            from edgeinfer.sim.readers.mcap_log import read_mcap_log
+
+            log = read_mcap_log(mcaps[0], topic, q_field, qd_field, time_source, on_error)
+            log.source = kind
+            return log
         raise LogError(f"{path}: cannot open {kind} ({type(e).__name__}: {e})") from None
     try:
         conns = [c for c in reader.connections if (c.topic == topic if topic else c.msgtype == JOINT_STATE)]
