@@ -458,3 +458,13 @@ def test_rosbag2_truncated(real, tmp_path, storage):
         read_log(bag)
     with pytest.raises(LogError, match=r"bag\.mcap .*truncated at message 0.*fewer than 2 usable records"):
         read_log(bag, on_error="truncate")
+
+
+def test_repeated_timestamp_names_both_lines(real, tmp_path):
+    short = ArmLog("short", real.t_s[:30], real.q_rad[:30], real.qd_rad_s[:30])
+    path = write_generic_csv(short, tmp_path / "arm.csv")
+    lines = path.read_text().splitlines(keepends=True)
+    lines[21] = lines[20]  # data rows 20 and 21 (lines 21 and 22) share a timestamp
+    path.write_text("".join(lines))
+    with pytest.raises(LogError, match="lines 21 and 22 .*same timestamp"):
+        read_log(path, columns="t=stamp_ns,t_unit=ns,q=pos_*,qd=vel_*")

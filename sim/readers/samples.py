@@ -34,6 +34,7 @@ class Records:
         self.t_ns: list[int] = []
         self.q: list[np.ndarray] = []
         self.qd: list[np.ndarray | None] = []
+        self.index: list[int] = []  # how errors name each kept record
         self.bad_record: int | None = None
         self.error = ""  # the first bad record's message when truncating
 
@@ -57,6 +58,7 @@ class Records:
             self.fail(i, "non-finite joint value")
             return False
         self.t_ns.append(int(t_ns))
+        self.index.append(i)
         self.q.append(q)
         self.qd.append(qd)
         return True
@@ -89,7 +91,7 @@ class Records:
         t_ns = t_ns[order]
         same = np.flatnonzero(np.diff(t_ns) == 0)
         if same.size:
-            a, b = sorted((int(order[same[0]]), int(order[same[0] + 1])))
+            a, b = sorted((self.index[order[same[0]]], self.index[order[same[0] + 1]]))
             raise LogError(f"{self.where} {self.unit}s {a} and {b} (in file order): same timestamp "
                            f"{int(t_ns[same[0]])} ns")
         q = np.stack(self.q)[order]
