@@ -3,7 +3,8 @@
 Rows, all decoded in one run by the same target engine (torch fp32 on CPU unless told otherwise):
     target-only                 greedy, one target pass per token: the baseline
     <drafter> k=K               each drafter at its best fixed k (best tokens/s in hindsight over `ks`)
-    <drafter> adaptive          k chosen per pass by the scheduler (edgeinfer.scheduler), per drafter
+    <drafter> adaptive          k chosen per chunk by the scheduler (edgeinfer.adaptive), per drafter
+    adaptive (drafter, k)       drafter and k chosen per chunk among every drafter (`--drafter auto`)
     <best> relaxed +/-1 bin     LOSSY: drafts within one bin of the target's choice are kept
     <best> sampling T=1         Leviathan speculative sampling (exact in distribution: tests/test_sampling.py)
 plus, when `transformers` is installed, the peer: Hugging Face assisted generation against edgeinfer on
@@ -12,7 +13,9 @@ the same llama-style target/draft pair (engines/hf_peer.py).
 Per row: tokens_per_s (action tokens per second of decode wall time; the observation windows are the same
 for every row), target_passes_per_chunk, acceptance_rate, action_rmse_rad (decoded chunk against the
 recorded future), exact (token-identical to target-only greedy on every chunk; sampling rows: the chi-square
-test). The adaptive check: adaptive tokens/s over target-only tokens/s on each held-out run separately.
+test). The adaptive checks: adaptive tokens/s over the best fixed configuration's in hindsight, and over
+target-only tokens/s on each held-out run separately. Every row's time includes choosing the drafter and
+k, and resetting the drafter (a model drafter's own prefill).
 """
 from __future__ import annotations
 
@@ -27,7 +30,7 @@ from rich.progress import Progress
 from rich.table import Table
 
 from edgeinfer.acceptance import Greedy, Relaxed, Sampling
-from edgeinfer.engines.calibration import resolve_data_dir
+from edgeinfer.engines.calibration import resolve_data_dir, sample_windows
 from edgeinfer.engines.dataset import chunk_windows
 from edgeinfer.engines.drafters import DRAFTERS, make_drafter
 from edgeinfer.engines.policy import Policy, load_policy
@@ -36,6 +39,8 @@ from edgeinfer.sim.logs import list_schunk_runs, read_schunk, split_of
 from edgeinfer.speculative import speculative_decode
 
 KS = (1, 2, 3, 4, 6, 8, 12, 16)
+WARMUP_CHUNKS = 24  # > the adaptive planner's exploration of 3 drafters x 5 k
+AUTO = "auto"  # the adaptive row that chooses the drafter too, named as RuntimeConfig.drafter names it
 
 
 def held_out_chunks(policy: Policy, data_dir: Path, per_run: int) -> dict[str, tuple[np.ndarray, np.ndarray]]:
@@ -90,13 +95,15 @@ class _Row:
                 "chunks": self.chunks}
 
 
-def _decode(rows, engine, policy, feat, drafter, planner, rule, reference):
-    """Decode one chunk from raw features feat (3D,) and add it to every row in `rows`; returns it."""
+def _decode(rows, engine, policy, feat, drafters: dict, planner, rule, reference):
+    """Decode one chunk from raw features feat (3D,) with the drafter the planner chooses among `drafters`
+    (by name) and add it to every row in `rows`; returns it."""
     d = policy.cfg.n_joints
     q, qd, inc = feat[:d], feat[d:2 * d], feat[2 * d:]
+    t0 = time.perf_counter_ns()
+    drafter = drafters.get(planner.choose())
     if drafter is not None:
         drafter.reset(q, qd, q - inc)
-    t0 = time.perf_counter_ns()
     res = speculative_decode(engine, policy.features(q, qd, q - inc), policy.cfg.n_tokens, drafter, planner, rule)
     ns = time.perf_counter_ns() - t0
     for row in rows:
@@ -125,53 +132,56 @@ def bench_spec(policy: Policy | None = None, data_dir: Path | None = None, per_r
     engine = load_engine(policy, backend)
     drafters = drafters or tuple(DRAFTERS)
     models = {name: make_drafter(name, policy) for name in drafters}
-    adaptive = {name: TickPlanner(SchedulerConfig(k_max=max(ks))) for name in drafters}
+    choices = {name: [name] for name in drafters} | {AUTO: list(drafters)}
+    adaptive = {name: TickPlanner(SchedulerConfig(k_max=max(ks)), names) for name, names in choices.items()}
     for p in adaptive.values():
         p.unlimited()
     base = _Row("target-only")
     fixed = {(name, k): _Row(f"{name} k={k}") for name in drafters for k in ks}
-    adapt = {name: _Row(f"{name} adaptive") for name in drafters}
+    adapt = {name: _Row("adaptive (drafter, k)" if name == AUTO else f"{name} adaptive") for name in choices}
     per_run_rates = {}
-    warm = min(10, len(feats))
+    # Warm-up, as the runtime's before its start: first calls pay one-off costs, and the adaptive planners
+    # explore (edgeinfer.adaptive) on chunks of the training runs, never on the measured ones.
+    warm_feats, _, _ = sample_windows(policy, WARMUP_CHUNKS, seed=0, data_dir=data_dir, split="train")
     with console.status("warming up"):
-        for f in feats[:warm]:  # first calls pay one-off costs; adaptive planners learn their costs
-            _decode([], engine, policy, f, None, _fixed(0), Greedy(), None)
-            for name in drafters:
-                _decode([], engine, policy, f, models[name], adaptive[name], Greedy(), None)
+        for f in warm_feats:
+            _decode([], engine, policy, f, {}, _fixed(0), Greedy(), None)
+            for name in choices:
+                _decode([], engine, policy, f, models, adaptive[name], Greedy(), None)
     bar = Progress(*Progress.get_default_columns(), console=console, transient=True)
     task = bar.add_task("held-out chunks, every row side by side", total=len(feats))
     bar.start()
     for run, (run_feats, _) in runs.items():
-        run_base, run_adapt = _Row(run), {name: _Row(run) for name in drafters}
+        run_base, run_adapt = _Row(run), {name: _Row(run) for name in choices}
         for f in run_feats:
             bar.advance(task)
-            ref = _decode([base, run_base], engine, policy, f, None, _fixed(0), Greedy(), None).tokens
+            ref = _decode([base, run_base], engine, policy, f, {}, _fixed(0), Greedy(), None).tokens
             for name in drafters:
                 for k in ks:
-                    _decode([fixed[(name, k)]], engine, policy, f, models[name], _fixed(k), Greedy(), ref)
-                _decode([adapt[name], run_adapt[name]], engine, policy, f, models[name], adaptive[name], Greedy(),
-                        ref)
+                    _decode([fixed[(name, k)]], engine, policy, f, {"drafter": models[name]}, _fixed(k), Greedy(),
+                            ref)
+            for name in choices:
+                _decode([adapt[name], run_adapt[name]], engine, policy, f, models, adaptive[name], Greedy(), ref)
         per_run_rates[run] = {name: round(run_adapt[name].tokens_per_s() / run_base.tokens_per_s(), 3)
-                              for name in drafters}
+                              for name in choices}
     bar.stop()
     base.identical = base.chunks  # the reference itself
     rows = [base.summary(policy, offsets)]
-    best_overall = None
-    for name in drafters:
-        best_k = max(ks, key=lambda k: fixed[(name, k)].tokens_per_s())
-        row = fixed[(name, best_k)]
-        rows.append(row.summary(policy, offsets) | {"k": best_k})
+    best = {name: max(ks, key=lambda k: fixed[(name, k)].tokens_per_s()) for name in drafters}
+    best[AUTO] = max(best.items(), key=lambda nk: fixed[nk].tokens_per_s())
+    for name in choices:
+        row = fixed[best[name]] if name == AUTO else fixed[(name, best[name])]
+        if name != AUTO:
+            rows.append(row.summary(policy, offsets) | {"k": best[name]})
         rows.append(adapt[name].summary(policy, offsets) | {
             "vs_best_fixed": round(adapt[name].tokens_per_s() / row.tokens_per_s(), 3),
             "per_run_vs_target_only": {run: r[name] for run, r in per_run_rates.items()}})
-        if best_overall is None or row.tokens_per_s() > fixed[best_overall].tokens_per_s():
-            best_overall = (name, best_k)
-    name, k = best_overall
+    name, k = best[AUTO]
     relaxed, sampled = _Row(f"{name} k={k} relaxed +/-1 bin", lossy=True), _Row(f"{name} k={k} sampling T=1")
     rule = Sampling(temperature=1.0, seed=0)
     for f, ref in zip(feats, base.decoded):
-        _decode([relaxed], engine, policy, f, models[name], _fixed(k), Relaxed(1), ref)
-        _decode([sampled], engine, policy, f, models[name], _fixed(k), rule, None)
+        _decode([relaxed], engine, policy, f, {"drafter": models[name]}, _fixed(k), Relaxed(1), ref)
+        _decode([sampled], engine, policy, f, {"drafter": models[name]}, _fixed(k), rule, None)
     rows.append(relaxed.summary(policy, offsets) | {"k": k})
     rows.append(sampled.summary(policy, offsets, exact_by="chi-square test (tests/test_sampling.py)") | {"k": k})
     for r in rows:
@@ -211,7 +221,7 @@ def print_table(result: dict, console: Console | None = None) -> None:
         if "per_run_vs_target_only" in r:
             runs = r["per_run_vs_target_only"]
             worst = min(runs, key=runs.get)
-            console.print(f"{r['name']}: {r['vs_best_fixed']:.3f}x its best fixed k; worst held-out run "
+            console.print(f"{r['name']}: {r['vs_best_fixed']:.3f}x the best fixed (drafter, k); worst held-out run "
                           f"{worst} at {runs[worst]:.2f}x target-only")
 
 

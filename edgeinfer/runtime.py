@@ -49,6 +49,7 @@ class RuntimeConfig:
     precision: Literal["fp32", "bf16", "fp8"] = "fp32"
     device: str = "cpu"
     decode: Literal["speculative", "target-only"] = "speculative"
+    # a drafter by name, or "auto": every registered drafter, the scheduler choosing one per chunk
     drafter: str = "kinematic"
     # greedy: exact; sampling: exact in distribution (temperature, top_p, seed); relaxed: LOSSY, drafts kept
     # within relax_bins bins of the target's choice (edgeinfer.acceptance)
@@ -81,8 +82,9 @@ class RuntimeConfig:
         self.policy = Path(self.policy)
         if self.decode not in DECODES:
             raise ValueError(f"RuntimeConfig.decode must be one of {DECODES}, got {self.decode!r}")
-        if self.drafter not in DRAFTERS:
-            raise ValueError(f"RuntimeConfig.drafter must be one of {sorted(DRAFTERS)}, got {self.drafter!r}")
+        if self.drafter != "auto" and self.drafter not in DRAFTERS:
+            raise ValueError(f"RuntimeConfig.drafter must be 'auto' or one of {sorted(DRAFTERS)}, "
+                             f"got {self.drafter!r}")
         self.rule()  # validates temperature, top_p, relax_bins
         if self.threads < 1:
             raise ValueError(f"RuntimeConfig.threads must be >= 1, got {self.threads}")
@@ -112,10 +114,12 @@ class PolicyRuntime:
         self.cfg = cfg
         self.policy = load_policy(cfg.policy)
         self.engine = load_engine(self.policy, cfg.backend, cfg.precision, cfg.device, threads=cfg.threads)
-        self.drafter = make_drafter(cfg.drafter, self.policy)
+        names = list(DRAFTERS) if cfg.drafter == "auto" else [cfg.drafter]
+        self.drafters = {n: make_drafter(n, self.policy) for n in names} if cfg.decode == "speculative" else {}
+        self.fallback = self.drafters.get("kinematic") or next(iter(self.drafters.values()), None)
         self.rule = cfg.rule()
         k_max = cfg.scheduler.k_max if cfg.decode == "speculative" else 0
-        self.planner = TickPlanner(dataclasses.replace(cfg.scheduler, k_max=k_max))
+        self.planner = TickPlanner(dataclasses.replace(cfg.scheduler, k_max=k_max), list(self.drafters))
         self.n_chunks = 0
 
     def chunk_timing(self, period_ns: int) -> tuple[int, int]:
@@ -140,9 +144,10 @@ class PolicyRuntime:
         """Decode a chunk for `obs`; the budget runs from t_start_ns (default now). step_ns: chunk step."""
         p, d = self.policy, self.policy.cfg.n_joints
         self.planner.start(t_start_ns) if budget else self.planner.unlimited()
-        drafter = self.drafter if self.cfg.decode == "speculative" else None
-        if drafter is not None:
-            drafter.reset(obs.q_rad, obs.qd_rad_s, obs.q_prev_rad)
+        chosen = self.planner.choose()  # this chunk's drafter (None: target-only)
+        drafter = self.drafters[chosen] if chosen is not None else None
+        for dr in {drafter, self.fallback} - {None}:  # model drafters defer their prefill to their first proposal
+            dr.reset(obs.q_rad, obs.qd_rad_s, obs.q_prev_rad)
         res = speculative_decode(self.engine, p.features(obs.q_rad, obs.qd_rad_s, obs.q_prev_rad),
                                  p.cfg.n_tokens, drafter, self.planner, self.rule)
         tokens = res.tokens
@@ -150,8 +155,8 @@ class PolicyRuntime:
             rung = "full"
         elif len(tokens) >= d:
             rung, tokens = "partial", tokens[: len(tokens) // d * d]
-        elif drafter is not None:
-            rung, tokens = "draft", tokens + drafter.propose(tokens, p.cfg.n_tokens - len(tokens))
+        elif self.fallback is not None:
+            rung, tokens = "draft", tokens + (drafter or self.fallback).propose(tokens, p.cfg.n_tokens - len(tokens))
         else:
             rung, tokens = "continue", []
         steps = obs.q_rad + p.tokenizer.decode(np.array(tokens, dtype=np.int64)) if tokens else np.zeros((0, d))

@@ -121,14 +121,23 @@ class ModelDrafter:
         self.guess = KinematicDrafter(policy.tokenizer)
         self.passes = 0  # draft-engine passes so far (prefills included): the drafter's cost in passes
         self._fed: list[int] = []
+        self._obs: np.ndarray | None = None  # the chunk's features until the draft engine's prefill has run
         self._rows = np.zeros((policy.cfg.seq_len, policy.cfg.n_bins), np.float32)
 
     def reset(self, q_rad, qd_rad_s, q_prev_rad) -> None:
+        """Take the chunk's observation. The draft engine's prefill waits for the first proposal, so a chunk
+        that does not speculate (adaptive k = 0, or another drafter chosen) costs nothing here, and the
+        prefill is timed as part of drafting."""
         self.guess.reset(q_rad, qd_rad_s, q_prev_rad)
-        self.engine.rollback(0)
-        self._rows[0] = self.engine.forward(self.policy.features(q_rad, qd_rad_s, q_prev_rad), (), 0)[-1]
+        self._obs = self.policy.features(q_rad, qd_rad_s, q_prev_rad)
         self._fed = []
-        self.passes += 1
+
+    def _prefill(self) -> None:
+        if self._obs is not None:
+            self.engine.rollback(0)
+            self._rows[0] = self.engine.forward(self._obs, (), 0)[-1]
+            self._obs = None
+            self.passes += 1
 
     def propose(self, tokens: Sequence[int], k: int) -> list[int]:
         return self._draft(tokens, k, lambda row: int(row.argmax()), self.max_passes or k)
@@ -148,6 +157,7 @@ class ModelDrafter:
 
     def _draft(self, tokens: Sequence[int], k: int, pick: Callable[[np.ndarray], int], passes: int) -> list[int]:
         """k drafts after tokens, each pick(row) of its logits row, with at most `passes` engine passes."""
+        self._prefill()
         seq, n = list(tokens), len(tokens)
         passes -= self._sync(seq + self.guess.propose(seq, k - 1))
         for i in range(k):

@@ -1,25 +1,34 @@
-"""Adaptive speculation: k chosen for expected tokens per second from measured costs and acceptance."""
+"""Adaptive speculation: drafter and k chosen for expected tokens per second from measured costs and acceptance."""
+import numpy as np
 import pytest
 
-from edgeinfer.scheduler import AcceptanceModel, SchedulerConfig, TickPlanner, expected_tokens
+from edgeinfer.adaptive import AcceptanceModel, SpeculationChooser, expected_tokens
+from edgeinfer.scheduler import SchedulerConfig, TickPlanner
+
+PREFILL_US = 400
 
 
-def _planner(draft_us, verify_us, accept_rate, k_max=8, passes=400, probe_every=32):
-    """A planner fed measured costs draft_us(k), verify_us(k) (us) and `passes` passes at its own chosen k whose
-    drafts are each kept with a deterministic pseudo-random pattern of rate about accept_rate."""
-    p = TickPlanner(SchedulerConfig(k_max=k_max, probe_every=probe_every))
+def _run(draft_us, verify_us, accept_rate, drafters=("d",), k_max=8, chunks=120, probe_every=32, slowdown=None):
+    """A planner driven through `chunks` chunks of 6 passes at its own choices. draft_us[name](k), verify_us(k):
+    costs in us; accept_rate[name]: each pass keeps a deterministic pseudo-random run of drafts at about that
+    rate. slowdown(chunk) scales every cost of a chunk (a shared machine). Returns (planner, choices)."""
+    p = TickPlanner(SchedulerConfig(k_max=k_max, probe_every=probe_every), list(drafters))
     p.unlimited()
-    for k in range(k_max + 1):
-        for _ in range(20):
-            p.record("draft", k, int(draft_us(k) * 1e3))
-            p.record("verify", k, int(verify_us(k) * 1e3))
-    for i in range(passes):
-        k = max(1, p.best_k())
-        run = 0
-        while run < k and ((i * 7 + run * 3) % 100) < accept_rate * 100:
-            run += 1
-        p.record("accepted", k, run)
-    return p
+    choices = []
+    for c in range(chunks):
+        name = p.choose()
+        k = p._chunk_k
+        choices.append((name, k))
+        scale = slowdown(c) if slowdown else 1.0
+        p.record("prefill", 0, int(PREFILL_US * scale * 1e3))
+        for i in range(6):
+            p.record("draft", k, int(draft_us[name](k) * scale * 1e3) if name else 0)
+            p.record("verify", k, int(verify_us(k) * scale * 1e3))
+            run = 0
+            while name and run < k and ((c * 37 + i * 11 + run * 3) % 100) < accept_rate[name] * 100:
+                run += 1
+            p.record("accepted", k, run)
+    return p, choices
 
 
 def test_expected_tokens_formula():
@@ -51,27 +60,63 @@ def test_truncated_passes_only_say_the_run_was_at_least_k():
     assert s[2] == pytest.approx(0.25)  # no pass tested a third draft: the prior 0.5 of a step, nothing more
 
 
+def test_exploration_tries_each_drafter_at_a_few_k_first():
+    cheap = {"a": lambda k: 1, "b": lambda k: 1}
+    _, choices = _run(cheap, lambda k: 400 + 10 * k, {"a": 0.5, "b": 0.5}, drafters=("a", "b"), chunks=10)
+    assert choices[:8] == [(d, k) for d in "ab" for k in (1, 2, 4, 8)]  # k_max = 8
+    assert all(k > 0 for _, k in choices[8:])  # both pay (equal drafters): speculation stays on
+
+
 def test_cheap_drafts_and_high_acceptance_speculate_deeply():
-    p = _planner(lambda k: 2 * k, lambda k: 400 + 10 * k, 0.8)
-    assert p.best_k() >= 5
+    _, choices = _run({"d": lambda k: 2 * k}, lambda k: 400 + 10 * k, {"d": 0.8})
+    assert all(k >= 5 for _, k in choices[60:])
 
 
 def test_speculation_turns_off_when_it_does_not_pay():
     # drafts as expensive as a target pass and rarely accepted: target-only is faster
-    p = _planner(lambda k: 400 * k, lambda k: 400 + 10 * k, 0.1)
-    ks = [p.best_k() for _ in range(64)]
-    assert ks.count(0) >= 60 and ks.count(1) >= 1  # off, with an occasional probe of k = 1
+    _, choices = _run({"d": lambda k: 400 * k}, lambda k: 400 + 10 * k, {"d": 0.1}, chunks=140)
+    late = [k for _, k in choices[40:]]
+    assert late.count(0) >= 95 and 1 <= sum(k > 0 for k in late) <= 4  # off, with a probe every 32 chunks
 
 
 def test_the_choice_maximises_expected_tokens_per_second():
     draft, verify = (lambda k: 30 * k), (lambda k: 400 + 40 * k)
-    p = _planner(draft, verify, 0.6)
-    tokens = p.acceptance.expected_tokens()
+    p, choices = _run({"d": draft}, verify, {"d": 0.6})
+    tokens = p.chooser.acceptance["d"].expected_tokens()
     best = max(range(9), key=lambda k: tokens[k] / (draft(k) + verify(k)))
-    assert p.best_k() == best
+    assert choices[-1] == ("d", best)
+
+
+def test_the_better_drafter_wins_and_a_useless_one_is_only_probed():
+    drafts = {"model": lambda k: 120, "useless": lambda k: 300}
+    _, choices = _run(drafts, lambda k: 400 + 15 * k, {"model": 0.8, "useless": 0.0}, drafters=("useless", "model"))
+    late = [d for d, _ in choices[40:]]
+    assert late.count("model") >= 75 and late.count("useless") <= 3
+
+
+def test_the_choice_survives_a_machine_that_slows_down_and_speeds_up():
+    # every cost x1..x3 from chunk to chunk (other work on the machine): the ratio to the prefill does not move
+    rng = np.random.default_rng(0)
+    steady = _run({"d": lambda k: 30}, lambda k: 400 + 40 * k, {"d": 0.7})[1][-40:]
+    noisy = _run({"d": lambda k: 30}, lambda k: 400 + 40 * k, {"d": 0.7}, slowdown=lambda c: rng.uniform(1, 3))[1][-40:]
+    assert [k for _, k in noisy] == [k for _, k in steady]
+
+
+def test_costs_relative_to_the_prefill_interpolate_and_extrapolate():
+    c = SpeculationChooser(["d"], k_max=8)
+    for _ in range(3):
+        c.record("d", "prefill", 0, 1000)
+        c.record("d", "verify", 2, 1200)
+        c.record("d", "verify", 4, 1400)
+        c.record("d", "draft", 2, 300)
+    costs = c.pass_costs("d")
+    assert costs[0] == pytest.approx(1.0)  # no k = 0 pass measured: a one-token target pass, the prefill
+    assert costs[3] == pytest.approx(1.3 + 0.3)  # verify interpolated; drafting flat past k = 2
+    assert costs[8] == pytest.approx(1.4 + 4 * 0.1 + 0.3)  # verify grows along its last slope
 
 
 def test_target_only_never_speculates():
-    p = TickPlanner(SchedulerConfig(k_max=0))
+    p = TickPlanner(SchedulerConfig(k_max=0), ["d"])
     p.unlimited()
+    assert p.choose() is None
     assert {p.plan(n, 48 - n) for n in range(1, 48)} == {0}

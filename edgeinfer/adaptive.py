@@ -1,0 +1,150 @@
+"""Adaptive speculation: which drafter, and how many drafts per target pass (k), for each chunk.
+
+The choice maximises the expected tokens per unit of cost, E[tokens per pass | drafter, k] / E[cost of
+the pass | drafter, k]. With drafts kept independently at rate a, E[tokens per pass] = (1 - a^(k+1)) /
+(1 - a) (Leviathan et al. 2023, arXiv 2211.17192, eq. 1). Action drafts are kept in runs (an arm's motion
+is smooth for a while, then changes), so the estimate here is the empirical one from the kept-draft runs
+of recent passes (AcceptanceModel), one per drafter.
+
+Costs are relative: every measured draft or verify duration is divided by the duration of the same
+chunk's prefill (one target pass over one token, run by every chunk whatever is chosen). On a shared or
+throttled machine absolute costs drift by 2x within seconds, and a choice between a k measured in a quiet
+second and a k measured in a busy one would follow the drift, not the k; the ratio stays put.
+
+Exploration is bounded, so that speculation never costs much more than it can win:
+    - first, each drafter decodes one chunk at each k of 1, 2, 4, 8, 16 (up to k_max): a few chunks, run
+      by the runtime during its warm-up, after which every k has a measured or interpolated cost and the
+      kept-draft runs of the longest passes give E[tokens] for every k;
+    - then each chunk takes the best (drafter, k); k = 0 (speculation off) wins unless some (drafter, k) is
+      expected to beat target-only by min_gain (default 5 %: a drafter that is only marginally faster on
+      average is slower on some runs). Every `probe_every` chunks the drafter that has gone longest without a chunk is tried at its
+      best k >= 1, so that a drafter that starts paying again is noticed.
+Unmeasured k are costed by interpolation between measured ones; past the largest, verification grows
+along the last measured slope and drafting stays flat (a model drafter drafts k tokens in one pass).
+"""
+from __future__ import annotations
+
+from collections import defaultdict, deque
+from typing import Sequence
+
+import numpy as np
+
+
+def expected_tokens(a: float, k: int) -> float:
+    """E[tokens committed by a pass verifying k drafts] when each draft is kept independently with
+    probability a in [0, 1] (Leviathan et al. 2023, eq. 1)."""
+    return k + 1.0 if a >= 1 else (1 - a ** (k + 1)) / (1 - a)
+
+
+class AcceptanceModel:
+    """E[tokens per pass] for each k from the kept-draft runs of recent passes, without assuming that drafts
+    are kept independently. The survival S(j) = P(run of kept drafts >= j) is estimated like a Kaplan-Meier
+    curve (a pass of k drafts that kept all k says only that the run is >= k), so E[tokens | k] = 1 + S(1)
+    + ... + S(k). Each conditional step starts from a prior of 0.5 with the weight of one pass."""
+
+    def __init__(self, k_max: int, window: int = 256, prior: float = 0.5, prior_weight: float = 1.0):
+        self.k_max, self.window = k_max, window
+        self._passes: deque = deque()
+        self.prior, self.prior_weight = prior, prior_weight
+        self._at_risk = np.full(k_max, prior_weight)  # passes that put draft j to the test (plus the prior)
+        self._kept = np.full(k_max, prior * prior_weight)  # ... and kept it
+
+    def record(self, k: int, accepted: int) -> None:
+        if k > 0:
+            self._passes.append((k, accepted))
+            self._count(k, accepted, +1)
+            if len(self._passes) > self.window:
+                self._count(*self._passes.popleft(), -1)
+
+    def _count(self, k: int, accepted: int, sign: int) -> None:
+        self._at_risk[:min(accepted + 1, k, self.k_max)] += sign  # drafts 1..accepted+1 were tested
+        self._kept[:min(accepted, self.k_max)] += sign
+
+    def survival(self) -> np.ndarray:
+        """S(j) for j = 1..k_max, (k_max,) float64."""
+        return np.cumprod(self._kept / self._at_risk)
+
+    def expected_tokens(self) -> np.ndarray:
+        """E[tokens per pass] for k = 0..k_max, (k_max + 1,) float64."""
+        return 1.0 + np.concatenate([[0.0], np.cumsum(self.survival())])
+
+    def rate(self) -> float:
+        """The overall fraction of drafts kept (what reports call the acceptance rate)."""
+        drafted = sum(k for k, _ in self._passes)
+        return sum(a for _, a in self._passes) / drafted if drafted else self.prior
+
+
+def _line(ks: Sequence[int], values: Sequence[float], at: np.ndarray, grow: bool = True) -> np.ndarray:
+    """Piecewise-linear through (ks, values) (ks ascending); past the last point flat, or with grow along the
+    last segment's slope (clipped at >= 0: a longer pass never costs less)."""
+    out = np.interp(at, ks, values)
+    if grow and len(ks) >= 2:
+        slope = max(0.0, (values[-1] - values[-2]) / (ks[-1] - ks[-2]))
+        past = at > ks[-1]
+        out[past] = values[-1] + slope * (at[past] - ks[-1])
+    return out
+
+
+class SpeculationChooser:
+    """Chooses (drafter, k) per chunk; see the module docstring. Feed it every pass of the chunk through
+    record(). drafters: candidate names (empty or k_max = 0: always target-only)."""
+
+    def __init__(self, drafters: Sequence[str], k_max: int, probe_every: int = 32, window: int = 64,
+                 min_gain: float = 1.05):
+        self.drafters, self.k_max, self.probe_every = list(drafters), k_max, probe_every
+        self.min_gain = min_gain
+        self.acceptance = {d: AcceptanceModel(k_max) for d in self.drafters}
+        self._ratios: dict[tuple, deque] = defaultdict(lambda: deque(maxlen=window))
+        self._unit_ns = 0
+        self._chunks = 0
+        self._last_run = dict.fromkeys(self.drafters, -1)
+        ks = sorted({min(k, k_max) for k in (1, 2, 4, 8, 16)}) if k_max else []
+        self._explore = [(d, k) for d in self.drafters for k in ks]
+
+    def record(self, drafter: str | None, op: str, k: int, value: int) -> None:
+        """op "prefill" | "draft" | "verify": a duration in ns; "accepted": drafts kept by a pass of k."""
+        if op == "prefill":
+            self._unit_ns = max(1, value)
+        elif op == "accepted":
+            if drafter is not None and k > 0:
+                self.acceptance[drafter].record(k, value)
+        elif self._unit_ns and (op == "verify" or k > 0):
+            self._ratios[(op, drafter if op == "draft" else None, k)].append(value / self._unit_ns)
+
+    def _measured(self, op: str, drafter: str | None) -> tuple[list[int], list[float]]:
+        ks = sorted(k for (o, d, k), r in self._ratios.items() if o == op and d == drafter and r)
+        return ks, [float(np.median(self._ratios[(op, drafter, k)])) for k in ks]
+
+    def pass_costs(self, drafter: str) -> np.ndarray:
+        """Estimated draft + verify cost of a pass for k = 0..k_max, in units of a prefill pass, (k_max + 1,).
+        Verify starts from 1.0 at k = 0 (a one-token target pass) until measured; drafting from 0 at k = 0."""
+        at = np.arange(self.k_max + 1)
+        vk, vr = self._measured("verify", None)
+        if 0 not in vk:
+            vk, vr = [0, *vk], [1.0, *vr]
+        dk, dr = self._measured("draft", drafter)
+        return _line(vk, vr, at) + _line([0, *dk], [0.0, *dr], at, grow=False)
+
+    def tokens_per_cost(self, drafter: str) -> np.ndarray:
+        """E[tokens per pass] / E[cost] for k = 0..k_max, (k_max + 1,)."""
+        return self.acceptance[drafter].expected_tokens() / self.pass_costs(drafter)
+
+    def choose(self) -> tuple[str | None, int]:
+        """(drafter, k) for the next chunk; (None, 0) is target-only."""
+        self._chunks += 1
+        if not self.drafters or self.k_max == 0:
+            return None, 0
+        if self._explore:
+            return self._explore.pop(0)
+        scores = {d: self.tokens_per_cost(d) for d in self.drafters}
+        best_d = max(self.drafters, key=lambda d: scores[d].max())
+        best_k = int(np.argmax(scores[best_d]))
+        if scores[best_d][best_k] < self.min_gain * scores[best_d][0]:
+            best_k = 0
+        if self._chunks % self.probe_every == 0:  # probe the drafter that has waited longest
+            best_d = min(self.drafters, key=self._last_run.get)
+            best_k = 1 + int(np.argmax(scores[best_d][1:]))
+        if best_k == 0:
+            return None, 0
+        self._last_run[best_d] = self._chunks
+        return best_d, best_k

@@ -1,0 +1,28 @@
+"""The runtime with `drafter = "auto"`: the scheduler picks a drafter and k per chunk; chunks stay exact."""
+import numpy as np
+
+from edgeinfer.runtime import PolicyRuntime, RuntimeConfig
+from edgeinfer.scheduler import SchedulerConfig
+from edgeinfer.wire import Observation
+
+
+def _observations(feats, n_joints, n):
+    d = n_joints
+    idx = np.random.default_rng(1).choice(len(feats), n, replace=False)
+    return [Observation(i, 0, f[:d], f[d:2 * d], f[:d] - f[2 * d:3 * d]) for i, f in enumerate(feats[idx])]
+
+
+def test_auto_chooses_among_every_drafter_and_stays_token_identical(held_out):
+    feats, _ = held_out
+    unbudgeted = SchedulerConfig(budget_ms=10_000)
+    auto = PolicyRuntime(RuntimeConfig(drafter="auto", scheduler=unbudgeted, warmup_chunks=0))
+    target = PolicyRuntime(RuntimeConfig(decode="target-only", scheduler=unbudgeted, warmup_chunks=0))
+    assert set(auto.drafters) == {"kinematic", "early-exit", "learned"}
+    chosen = []
+    for obs in _observations(feats, auto.policy.cfg.n_joints, 24):
+        a, t = auto.step(obs, budget=False), target.step(obs, budget=False)
+        chosen.append(auto.planner.drafter)
+        assert a.rung == t.rung == "full"
+        np.testing.assert_array_equal(a.steps_rad, t.steps_rad)  # exact: the target's own greedy actions
+    assert set(chosen[:15]) == {"kinematic", "early-exit", "learned"}  # each explored first
+    assert chosen[15:].count("learned") >= 6  # then the distilled drafter wins: it keeps the most drafts
