@@ -15,7 +15,7 @@ import signal
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Callable, Literal
 
 import numpy as np
 import zmq
@@ -140,16 +140,28 @@ class PolicyRuntime:
         self.n_chunks = 0
 
     def step(self, obs: Observation, t_start_ns: int | None = None, step_ns: int = 20_000_000,
-             budget: bool = True) -> ActionChunk:
-        """Decode a chunk for `obs`; the budget runs from t_start_ns (default now). step_ns: chunk step."""
+             budget: bool = True, on_first_step: Callable[[ActionChunk], None] | None = None) -> ActionChunk:
+        """Decode a chunk for `obs`; the budget runs from t_start_ns (default now). step_ns: chunk step.
+
+        on_first_step(chunk), when given, receives the chunk's first verified action step as soon as the target
+        has verified it (a `partial` chunk of one step, same observation), before the rest is decoded: the
+        control loop can act on the new observation one chunk earlier (time to first action)."""
         p, d = self.policy, self.policy.cfg.n_joints
         self.planner.start(t_start_ns) if budget else self.planner.unlimited()
         chosen = self.planner.choose()  # this chunk's drafter (None: target-only)
         drafter = self.drafters[chosen] if chosen is not None else None
         for dr in {drafter, self.fallback} - {None}:  # model drafters defer their prefill to their first proposal
             dr.reset(obs.q_rad, obs.qd_rad_s, obs.q_prev_rad)
+        first_sent = on_first_step is None
+
+        def publish_first_step(tokens: list[int]) -> None:
+            nonlocal first_sent
+            if not first_sent and d <= len(tokens) < p.cfg.n_tokens:
+                first_sent = True
+                on_first_step(self._chunk(obs, tokens[:d], "partial", step_ns, None, count=False))
+
         res = speculative_decode(self.engine, p.features(obs.q_rad, obs.qd_rad_s, obs.q_prev_rad),
-                                 p.cfg.n_tokens, drafter, self.planner, self.rule)
+                                 p.cfg.n_tokens, drafter, self.planner, self.rule, publish_first_step)
         tokens = res.tokens
         if res.complete:
             rung = "full"
@@ -159,12 +171,22 @@ class PolicyRuntime:
             rung, tokens = "draft", tokens + (drafter or self.fallback).propose(tokens, p.cfg.n_tokens - len(tokens))
         else:
             rung, tokens = "continue", []
-        steps = obs.q_rad + p.tokenizer.decode(np.array(tokens, dtype=np.int64)) if tokens else np.zeros((0, d))
-        self.n_chunks += 1
+        return self._chunk(obs, tokens, rung, step_ns, res)
+
+    def _chunk(self, obs: Observation, tokens: list[int], rung: str, step_ns: int, res, count: bool = True
+               ) -> ActionChunk:
+        """The ActionChunk of `tokens` (anchor row obs.q_rad, then one row per action step); res: the
+        DecodeResult behind it (None: an early first step, whose counts arrive with the rest)."""
+        d = self.policy.cfg.n_joints
+        steps = (obs.q_rad + self.policy.tokenizer.decode(np.array(tokens, dtype=np.int64)) if tokens
+                 else np.zeros((0, d)))
+        seq = self.n_chunks + 1  # an early first step carries the seq of the chunk it belongs to
+        self.n_chunks += count
         return ActionChunk(
-            seq=self.n_chunks, obs_seq=obs.seq, t_obs_ns=obs.t_ns, t_ready_ns=now_ns(), step_ns=step_ns,
-            steps_rad=np.vstack([obs.q_rad[None, :], steps]), rung=rung, tokens=len(res.tokens),
-            target_passes=res.target_passes, drafted=res.drafted, accepted=res.accepted)
+            seq=seq, obs_seq=obs.seq, t_obs_ns=obs.t_ns, t_ready_ns=now_ns(), step_ns=step_ns,
+            steps_rad=np.vstack([obs.q_rad[None, :], steps]), rung=rung, tokens=len(res.tokens) if res else len(tokens),
+            target_passes=res.target_passes if res else 0, drafted=res.drafted if res else 0,
+            accepted=res.accepted if res else 0)
 
 
 class NullRuntime:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Callable, Protocol
 
 import numpy as np
 
@@ -67,13 +67,15 @@ class DecodeResult:
 
 
 def speculative_decode(engine: Engine, obs: np.ndarray, n_tokens: int, drafter: Drafter | None,
-                       planner: Planner, rule: Greedy | Sampling | None = None) -> DecodeResult:
+                       planner: Planner, rule: Greedy | Sampling | None = None,
+                       on_commit: Callable[[list[int]], None] | None = None) -> DecodeResult:
     """Decode up to n_tokens action tokens for one observation (batch 1).
 
     obs: (obs_dim,) float32 normalised features. drafter None (or plans of k=0) gives target-only decoding.
     rule: the acceptance rule (edgeinfer.acceptance): Greedy (default, exact), Relaxed (lossy) or Sampling
     (exact in distribution). Returns the committed tokens; `complete` is False when the planner stopped
-    early for lack of budget.
+    early for lack of budget. on_commit(tokens), when given, is called after every target pass with the
+    committed tokens so far (the runtime publishes the first verified action step from it).
     """
     rule = rule or Greedy()
     res = DecodeResult()
@@ -104,5 +106,7 @@ def speculative_decode(engine: Engine, obs: np.ndarray, n_tokens: int, drafter: 
         res.target_passes += 1
         res.drafted += k
         res.accepted += accepted
+        if on_commit is not None:
+            on_commit(res.tokens)
     res.complete = True
     return res

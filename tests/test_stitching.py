@@ -1,0 +1,54 @@
+"""Chunk boundaries: the raw jump is measured, a cross-fade keeps the command continuous, and the rest of a
+chunk published early replaces its first step without counting as a boundary."""
+import numpy as np
+from edgeinfer.control.buffer import ChunkBuffer
+
+from edgeinfer.wire import ActionChunk
+
+MS = 1_000_000
+T = 5_000 * MS
+STEP = 10 * MS
+
+
+def chunk(t_obs, rows, obs_seq=0):
+    return ActionChunk(seq=obs_seq, obs_seq=obs_seq, t_obs_ns=t_obs, t_ready_ns=t_obs, step_ns=STEP,
+                       steps_rad=np.asarray(rows, dtype=np.float64), rung="full", tokens=0, target_passes=0,
+                       drafted=0, accepted=0)
+
+
+OLD = [[0.0], [1.0], [2.0], [3.0], [4.0]]       # 100 rad/s along [T, T + 40 ms]
+NEW = [[1.5], [2.5], [3.5], [4.5], [5.5]]       # anchored at T + 10 ms, 0.5 rad above OLD there
+
+
+def test_the_raw_boundary_jump_is_recorded():
+    buf = ChunkBuffer()
+    buf.push(chunk(T, OLD))
+    buf.sample(T + 5 * MS)
+    buf.push(chunk(T + STEP, NEW, obs_seq=1))
+    q, _, seq = buf.sample(T + STEP)
+    assert seq == 1 and q[0] == 1.5  # no blending: the new chunk's target at once
+    assert list(buf.jumps_rad) == [0.5]
+
+
+def test_a_cross_fade_makes_the_command_continuous():
+    buf = ChunkBuffer(blend_ns=STEP)
+    buf.push(chunk(T, OLD))
+    buf.sample(T + 5 * MS)
+    buf.push(chunk(T + STEP, NEW, obs_seq=1))
+    ts = [T + STEP + i * 2 * MS for i in range(8)]
+    q = np.array([buf.sample(t)[0][0] for t in ts])
+    old = np.interp(ts, [T + i * STEP for i in range(5)], [r[0] for r in OLD])
+    new = old + 0.5
+    np.testing.assert_allclose(q[:6], old[:6] + 0.5 * np.arange(6) * 2 / 10)  # w = 0, 0.2, ... 1.0
+    np.testing.assert_allclose(q[6:], new[6:])  # past the fade: the new chunk alone
+    assert q[0] == old[0] and list(buf.jumps_rad) == [0.5]  # the raw jump is still reported
+
+
+def test_the_rest_of_an_early_first_step_replaces_it_without_a_boundary():
+    buf = ChunkBuffer(blend_ns=STEP)
+    buf.push(chunk(T, OLD[:2]))  # the first verified step, published early
+    assert buf.sample(T + 5 * MS)[0][0] == 0.5
+    assert buf.push(chunk(T, OLD))  # the whole chunk of the same observation
+    assert buf.sample(T + 25 * MS)[0][0] == 2.5  # covered beyond the first step now
+    assert len(buf.jumps_rad) == 0
+    assert not buf.push(chunk(T, OLD[:3]))  # a shorter copy of the same observation is ignored
