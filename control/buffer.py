@@ -22,7 +22,7 @@ import numpy as np
 from edgeinfer.wire import ActionChunk
 
 
-def _target(c: ActionChunk, t_ns: int) -> np.ndarray | None:
+def target_at(c: ActionChunk, t_ns: int) -> np.ndarray | None:
     """The chunk's interpolated target (D,) at t_ns, None outside its span."""
     u = (t_ns - c.t_obs_ns) / c.step_ns  # position in chunk steps
     if not 0 <= u <= len(c.steps_rad) - 1:
@@ -65,7 +65,7 @@ class ChunkBuffer:
     def sample(self, t_ns: int) -> tuple[np.ndarray, str, int] | None:
         """(q_rad (D,), rung, chunk obs_seq) at t_ns, or None when no chunk covers t_ns (watchdog)."""
         for i, c in enumerate(self._chunks):
-            q = _target(c, t_ns)
+            q = target_at(c, t_ns)
             if q is None:
                 continue
             if c is not self._serving:
@@ -78,7 +78,7 @@ class ChunkBuffer:
     def _switch(self, c: ActionChunk, t_ns: int, q: np.ndarray) -> None:
         previous = self._serving
         self._serving, self._fade = c, None
-        q_prev = _target(previous, t_ns) if previous is not None else None
+        q_prev = target_at(previous, t_ns) if previous is not None else None
         if q_prev is None:
             return  # nothing was being followed here: no boundary to stitch
         self.jumps_rad.append(float(np.max(np.abs(q - q_prev))))
@@ -88,7 +88,7 @@ class ChunkBuffer:
     def _blend(self, q: np.ndarray, t_ns: int) -> np.ndarray:
         previous, t_switch = self._fade
         w = (t_ns - t_switch) / self.blend_ns
-        q_prev = _target(previous, t_ns)
+        q_prev = target_at(previous, t_ns)
         if w >= 1 or q_prev is None:
             self._fade = None
             return q

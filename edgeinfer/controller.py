@@ -31,16 +31,20 @@ from edgeinfer.wire import ActionChunk, JointCommand, Observation
 @dataclass
 class ControllerConfig:
     """period_ms: the caller's control period (the policy's chunk step is stride_ticks of it: 4 ms x 5 for the
-    Schunk policy at 250 Hz). warmup: decode warm-up chunks before the first step (time to first command)."""
+    Schunk policy at 250 Hz). warmup: decode warm-up chunks before the first step (time to first command).
+    blend_ms: cross-fade from the previous chunk's targets to a new chunk's (control/buffer.py; 0: switch at once)."""
 
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
     limits: SafetyLimits = field(default_factory=SafetyLimits)
     period_ms: float = 4.0
     warmup: bool = True
+    blend_ms: float = 10.0
 
     def __post_init__(self):
         if not 0.1 <= self.period_ms <= 1000:
             raise ValueError(f"ControllerConfig.period_ms must be in [0.1, 1000], got {self.period_ms}")
+        if not 0 <= self.blend_ms <= 1000:
+            raise ValueError(f"ControllerConfig.blend_ms must be in [0, 1000], got {self.blend_ms}")
 
 
 @dataclass
@@ -63,7 +67,7 @@ class Controller:
     def __init__(self, cfg: ControllerConfig | None = None):
         self.cfg = cfg or ControllerConfig()
         self.stats = ControllerStats()
-        self.buffer = ChunkBuffer()
+        self.buffer = ChunkBuffer(blend_ns=int(self.cfg.blend_ms * 1e6))
         self.last_q: np.ndarray | None = None
         self.last_error: str | None = None
         self._ticks = 0
@@ -118,16 +122,17 @@ class Controller:
                     return
                 obs, self._pending = self._pending, None
             try:
-                chunk = self.runtime.step(obs, obs.t_ns, self.step_ns)
+                # the first verified step goes into the buffer at once, the rest of the chunk replaces it
+                chunk = self.runtime.step(obs, obs.t_ns, self.step_ns, on_first_step=self._push)
             except Exception as e:  # a failing policy must not stop the arm's controller: it holds, and says why
                 self.stats.decoder_errors += 1
                 self.last_error = f"{type(e).__name__}: {e}"
                 continue
-            self._push(chunk)
+            self.stats.chunks += self._push(chunk)
 
-    def _push(self, chunk: ActionChunk) -> None:
+    def _push(self, chunk: ActionChunk) -> bool:
         with self._wake:
-            self.stats.chunks += self.buffer.push(chunk)
+            return self.buffer.push(chunk)
 
     def close(self) -> None:
         with self._wake:

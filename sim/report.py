@@ -138,6 +138,10 @@ def _column_title(report: dict, i: int) -> str:
     return str(report.get("label") or report.get("decode") or f"report {i + 1}")
 
 
+def _mrad(x: Any) -> Any:
+    return x * 1e3 if isinstance(x, (int, float)) else x
+
+
 def print_table(reports: list[dict], console: Console | None = None) -> Table:
     """Print one rich Table with a column per report (e.g. target-only next to speculative); returns it.
 
@@ -163,6 +167,9 @@ def print_table(reports: list[dict], console: Console | None = None) -> Table:
         ("latency max ms", lambda r: _num(_get(r, "latency_ms", "max"))),
         ("deadline_misses", lambda r: _num(r.get("deadline_misses"))),
         ("miss_rate [95% CI]", _miss_rate),
+        *((f"time to first action {k} ms", lambda r, k=k: _num(_get(r, "chunks", "time_to_first_action_ms", k)))
+          for k in ("p50", "p99")),
+        ("chunk boundary jump p99 mrad", lambda r: _num(_mrad(_get(r, "boundaries", "raw_jump_rad", "p99")), "{:.2f}")),
         ("slo", _slo),
         *_slo_rows(reports),
     ]

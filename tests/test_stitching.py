@@ -1,7 +1,8 @@
 """Chunk boundaries: the raw jump is measured, a cross-fade keeps the command continuous, and the rest of a
 chunk published early replaces its first step without counting as a boundary."""
 import numpy as np
-from edgeinfer.control.buffer import ChunkBuffer
+import pytest
+from edgeinfer.control.buffer import ChunkBuffer, target_at
 
 from edgeinfer.wire import ActionChunk
 
@@ -52,3 +53,25 @@ def test_the_rest_of_an_early_first_step_replaces_it_without_a_boundary():
     assert buf.sample(T + 25 * MS)[0][0] == 2.5  # covered beyond the first step now
     assert len(buf.jumps_rad) == 0
     assert not buf.push(chunk(T, OLD[:3]))  # a shorter copy of the same observation is ignored
+
+
+def test_a_replay_reports_the_raw_jump_and_the_commanded_step_at_boundaries():
+    from types import SimpleNamespace
+
+    from edgeinfer.sim.boundaries import boundary_section
+
+    from edgeinfer.wire import JointCommand
+
+    period = 2 * MS
+    old, new = chunk(T, OLD, obs_seq=0), chunk(T + STEP, NEW, obs_seq=5)
+    commands = {}
+    for n in range(10):  # ticks 0..4 from the old chunk, 5..9 from the new one, unstitched
+        c = old if n < 5 else new
+        t = T + n * period
+        commands[n] = (t, JointCommand(n, 0, c.obs_seq, t, target_at(c, t), "full"))
+    commands[10] = (0, JointCommand(10, 0, -1, 0, commands[9][1].q_rad, "hold"))
+    rec = SimpleNamespace(commands=commands, t0_ns=T, period_ns=period)
+    out = boundary_section(rec, {0: old, 5: new})
+    assert out["raw_jump_rad"]["count"] == 1 and out["raw_jump_rad"]["max"] == pytest.approx(0.5)
+    assert out["step_at_boundary_rad"]["max"] == pytest.approx(0.5 + 0.2)  # the jump plus one tick of motion
+    assert out["step_elsewhere_rad"]["count"] == 8 and out["step_elsewhere_rad"]["max"] == pytest.approx(0.2)
