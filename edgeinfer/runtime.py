@@ -225,7 +225,7 @@ def _make_runtime(cfg: RuntimeConfig):
         runtime = ByoRuntime(cfg.byo_spec, cfg.byo_model)
     else:
         runtime = PolicyRuntime(cfg)
-    return faults.inject(runtime, cfg.faults) if cfg.faults.active else runtime
+    return runtime
 
 
 def serve(cfg: RuntimeConfig, endpoints: transport.Endpoints, handshake_timeout_s: float = 300.0) -> int:
@@ -280,6 +280,8 @@ def serve(cfg: RuntimeConfig, endpoints: transport.Endpoints, handshake_timeout_
         beacon = Beacon(out, "runtime", cfg.runtime_heartbeat_ms, cfg.runtime_lease_ms, control, tel, refresh)
         beacon.start()
         start, mid_run = _handshake(runtime, obs_rx, out, ready, handshake_timeout_s, parent)
+        if cfg.faults.active:  # after the warm-up: the engine slows down (or diverges) mid-run, not before
+            runtime = faults.inject(runtime, cfg.faults)
         beacon.schedule = start
         if mid_run and status_rx is not None:
             _await_control(status_rx, obs_rx, control, handshake_timeout_s, parent)

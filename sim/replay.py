@@ -226,7 +226,7 @@ def replay(cfg: ReplayConfig, console: Console | None = None) -> dict:
         with replay_progress(console, len(log), f"replaying at {log.rate_hz:.0f} Hz") as progress:
             sup = Supervisor(obs_pub, procs, cfg.kill_runtime_at_tick, cfg.restart_runtime_after_ms,
                              lambda: _spawn("serve", cfg.runtime, ep, cfg.out / "runtime.restarted.log"),
-                             cfg.garbage_per_row)
+                             cfg.garbage_per_row, status_rx)
             rec = _stream(log, ticks, stride, obs_pub, cmd_rx, chunk_rx, deadline_ms, cfg.settle_ms, sup.on_row,
                           pacing=cfg, progress=progress)
             for s in previous:  # a second Ctrl-C must not lose the report of the first

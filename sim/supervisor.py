@@ -13,7 +13,7 @@ import zmq
 
 from edgeinfer import transport
 from edgeinfer.clock import now_ns
-from edgeinfer.wire import MAX_HEADER_BYTES, Heartbeat, Observation, encode
+from edgeinfer.wire import MAX_HEADER_BYTES, Heartbeat, Observation, Stats, encode
 
 HEARTBEAT_PERIOD_MS = 20.0
 LEASE_MS = 100.0
@@ -51,8 +51,9 @@ class Supervisor:
     """
 
     def __init__(self, obs_pub, procs: list, kill_at_row: int | None, restart_after_ms: float | None,
-                 spawn: Callable[[], object], garbage_per_row: int = 0):
+                 spawn: Callable[[], object], garbage_per_row: int = 0, status_rx=None):
         self.obs_pub, self.procs, self.kill_at_row = obs_pub, procs, kill_at_row
+        self.status_rx = status_rx  # the control loop's status SUB: read every 25 rows, so its queue never fills
         self.garbage_per_row = garbage_per_row
         self.garbage_sent: dict[str, int] = {kind: 0 for kind in GARBAGE_KINDS}
         self.restart_after_ns = int(restart_after_ms * 1e6) if restart_after_ms is not None else None
@@ -67,6 +68,8 @@ class Supervisor:
 
     def on_row(self, i: int, rec) -> None:
         t = now_ns()
+        if self.status_rx is not None and i % 25 == 0:
+            self.take_status(rec)
         if t >= self._next_beat_ns:
             self._next_beat_ns = t + int(HEARTBEAT_PERIOD_MS * 1e6)
             self._seq += 1
@@ -85,6 +88,12 @@ class Supervisor:
             self.t_restart_ns = t
             self._restarter = threading.Thread(target=self._restart, daemon=True)
             self._restarter.start()
+
+    def take_status(self, rec) -> None:
+        """The newest Stats of each node on the status SUB into rec.node_stats (Heartbeats are dropped)."""
+        for msg in self.status_rx.drain(limit=10_000):
+            if isinstance(msg, Stats):
+                rec.node_stats[msg.sender] = msg
 
     def _restart(self) -> None:
         self.killed.wait()  # reaped before its successor binds the same port
