@@ -13,6 +13,8 @@ chunk is complete and every mode produces the same output length, H x D tokens):
 """
 from __future__ import annotations
 
+import inspect
+
 import numpy as np
 
 from edgeinfer.clock import now_ns
@@ -44,18 +46,26 @@ class FirstActionProbe:
 def time_to_first_action_ns(runtime: PolicyRuntime, obs: Observation) -> tuple[int, object]:
     """(ns from the call to the first verified action step, the ActionChunk) for one unbudgeted step.
 
-    The one place TTFA is defined for the bench: a runtime that publishes its first step early can stamp the
-    chunk with `t_first_action_ns`, and that stamp is used instead of the planner probe. A chunk that
-    completes within the pass that verified its first step gives its ready time.
+    The one place TTFA is defined for the bench. A runtime whose step takes `on_first_step` hands the first
+    verified step out early as a one-step chunk: its ready time counts. Otherwise a FirstActionProbe on the
+    planner notes when the first step was verified. A chunk completed by the pass that verified its first
+    step (no early hand-out) gives its own ready time.
     """
+    first: list = []
+    t0 = now_ns()
+    if _STREAMS_FIRST_STEP:
+        chunk = runtime.step(obs, budget=False, on_first_step=first.append)
+        return (first[0].t_ready_ns if first else chunk.t_ready_ns) - t0, chunk
     probe = runtime.planner if isinstance(runtime.planner, FirstActionProbe) else None
     if probe is None:
         probe = runtime.planner = FirstActionProbe(runtime.planner, runtime.policy.cfg.n_joints)
     probe.t_first_ns = None
     t0 = now_ns()
     chunk = runtime.step(obs, budget=False)
-    t_first = getattr(chunk, "t_first_action_ns", None) or probe.t_first_ns or chunk.t_ready_ns
-    return t_first - t0, chunk
+    return (probe.t_first_ns or chunk.t_ready_ns) - t0, chunk
+
+
+_STREAMS_FIRST_STEP = "on_first_step" in inspect.signature(PolicyRuntime.step).parameters
 
 
 def observations(feats: np.ndarray, n_joints: int) -> list[Observation]:
