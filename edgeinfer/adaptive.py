@@ -17,8 +17,8 @@ Exploration is bounded, so that speculation never costs much more than it can wi
       kept-draft runs of the longest passes give E[tokens] for every k;
     - then each chunk takes the best (drafter, k); k = 0 (speculation off) wins unless some (drafter, k) is
       expected to beat target-only by min_gain (default 5 %: a drafter that is only marginally faster on
-      average is slower on some runs). Every `probe_every` chunks the drafter that has gone longest without a chunk is tried at its
-      best k >= 1, so that a drafter that starts paying again is noticed.
+      average is slower on some runs). Every `probe_every` chunks the drafter that has gone longest
+      without a chunk is tried at its best k >= 1, so that a drafter that starts paying again is noticed.
 Unmeasured k are costed by interpolation between measured ones; past the largest, verification grows
 along the last measured slope and drafting stays flat (a model drafter drafts k tokens in one pass).
 """
@@ -100,6 +100,11 @@ class SpeculationChooser:
         self._last_run = dict.fromkeys(self.drafters, -1)
         ks = sorted({min(k, k_max) for k in (1, 2, 4, 8, 16)}) if k_max else []
         self._explore = [(d, k) for d in self.drafters for k in ks]
+
+    def clear_costs(self) -> None:
+        """Forget every measured cost (after warm-up: first calls pay one-off allocation costs)."""
+        self._ratios.clear()
+        self._unit_ns = 0
 
     def record(self, drafter: str | None, op: str, k: int, value: int) -> None:
         """op "prefill" | "draft" | "verify": a duration in ns; "accepted": drafts kept by a pass of k."""

@@ -135,7 +135,7 @@ class PolicyRuntime:
         """Run unbudgeted decodes so that the cost estimates (and the engine's caches) are populated."""
         for i in range(self.cfg.warmup_chunks):
             if i == self.cfg.warmup_chunks // 3:
-                self.planner.latency.clear()  # drop the one-off costs of the first calls
+                self.planner.forget_costs()  # drop the one-off costs of the first calls
             self.step(obs, budget=False)
         self.n_chunks = 0
 

@@ -50,15 +50,30 @@ class SchedulerConfig:
             raise ValueError(f"SchedulerConfig.quantile must be in [0.5, 1), got {self.quantile}")
 
 
+def k_group(k: int) -> str:
+    """The metrics name of a speculation length: k0, k1-2, k3-4, k5-8, k9-16, k17+ (few names, log-spaced)."""
+    for lo, hi in ((0, 0), (1, 2), (3, 4), (5, 8), (9, 16)):
+        if lo <= k <= hi:
+            return f"k{lo}" if lo == hi else f"k{lo}-{hi}"
+    return "k17+"
+
+
 class LatencyModel:
-    """Rolling high-quantile estimates of operation costs in ns, keyed by (op, k)."""
+    """Rolling high-quantile estimates of operation costs in ns, keyed by (op, k).
+
+    observer(name, duration_ns), when set (the runtime's telemetry), also receives every sample after the
+    warm-up as a histogram named "<op>.<k group>" (e.g. "verify.k3-4", "draft:learned.k9-16", "prefill.k0"),
+    so the distributions the plan is built on are readable while the runtime runs."""
 
     def __init__(self, quantile: float = 0.99, window: int = 256):
         self.quantile = quantile
         self._samples: dict[tuple[str, int], deque] = defaultdict(lambda: deque(maxlen=window))
         self._cache: dict[tuple[str, int], float] = {}
+        self.observer = None
 
     def record(self, op: str, k: int, duration_ns: int) -> None:
+        if self.observer is not None:
+            self.observer(f"{op}.{k_group(k)}", duration_ns)
         samples = self._samples[(op, k)]
         samples.append(duration_ns)
         if len(samples) < 16 or len(samples) % 8 == 0:  # a quantile of 256 samples costs ~20 us: refresh
@@ -128,6 +143,11 @@ class TickPlanner:
                     self.latency.estimate_ns("verify", k) <= left:
                 return k
         return None
+
+    def forget_costs(self) -> None:
+        """Drop every measured cost, for the deadline and for the choice (the one-off costs of first calls)."""
+        self.latency.clear()
+        self.chooser.clear_costs()
 
     def record(self, op: str, k: int, value: int) -> None:
         self.chooser.record(self.drafter, op, k, value)
