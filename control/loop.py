@@ -34,7 +34,8 @@ from edgeinfer.wire import ActionChunk, Heartbeat, JointCommand, Observation, St
 @dataclass
 class ControlConfig:
     """phase_ms: delay of tick n after observation n's scheduled time (lets the observation arrive).
-    spin_us: busy-wait tail before each tick."""
+    spin_us: busy-wait tail before each tick. blend_ms: cross-fade from the previous chunk's targets to a new
+    chunk's at a chunk boundary (control/buffer.py; 0: switch at once)."""
 
     phase_ms: float = 1.0
     spin_us: float = 200.0
@@ -44,6 +45,7 @@ class ControlConfig:
     control_heartbeat_ms: float = 10.0  # Heartbeat period on the status PUB
     control_lease_ms: float = 50.0  # liveliness lease the control loop announces
     control_stats_ms: float = 200.0  # Stats period on the status PUB
+    blend_ms: float = 10.0
 
     def __post_init__(self):
         if not 0 < self.control_heartbeat_ms < self.control_lease_ms or not self.control_stats_ms > 0:
@@ -52,6 +54,8 @@ class ControlConfig:
                              f"{self.control_stats_ms}")
         if not 0 <= self.phase_ms < 1000 or not 0 <= self.spin_us <= 10_000:
             raise ValueError("ControlConfig.phase_ms must be in [0, 1000) and spin_us in [0, 10000]")
+        if not 0 <= self.blend_ms <= 1000:
+            raise ValueError(f"ControlConfig.blend_ms must be in [0, 1000], got {self.blend_ms}")
         if not 0 <= self.realtime_priority <= 99:
             raise ValueError(f"ControlConfig.realtime_priority must be in 0..99, got {self.realtime_priority}")
 
@@ -79,7 +83,7 @@ class ControlLoop:
 
     def __init__(self, cfg: ControlConfig, endpoints: transport.Endpoints):
         self.cfg, self.endpoints = cfg, endpoints
-        self.buffer = ChunkBuffer()
+        self.buffer = ChunkBuffer(blend_ns=int(cfg.blend_ms * 1e6))
         self.stats = ControlStats()
         self.last_q: np.ndarray | None = None
         self.last_obs: Observation | None = None
@@ -161,18 +165,20 @@ class ControlLoop:
         """Absorb pending chunks and observations, and the runtime's liveliness; False when the run was stopped."""
         t = now_ns()
         if self.link is not None and self.link.poll()[1]:  # its connection dropped: the process is gone
-            self._runtime_lost(t, "connection dropped")
+            self._runtime_lost(t, "connection dropped", forget=True)
         for msg in self.chunks.drain():
             if isinstance(msg, ActionChunk):
-                if not self.runtime.alive:  # sent before it was declared dead, or before its re-handshake
-                    self.stats.chunks_superseded += 1
-                elif msg.t_obs_ns + (len(msg.steps_rad) - 1) * msg.step_ns < t_tick_ns:
+                # Buffered even while its runtime is not alive (the buffer is not sampled then): a lease that
+                # expired because a live runtime was starved for a moment must not cost its chunks.
+                if msg.t_obs_ns + (len(msg.steps_rad) - 1) * msg.step_ns < t_tick_ns:
                     self.stats.chunks_expired += 1  # its whole horizon has passed: nothing in it is still due
                 elif not self.buffer.push(msg):
                     self.stats.chunks_superseded += 1
             elif isinstance(msg, Heartbeat):
                 was = (self.runtime.alive, self.runtime.restarts)
                 self.runtime.beat(msg, t)
+                if self.runtime.restarts != was[1]:  # a new process: nothing the old one planned is trusted
+                    self.buffer.clear()
                 if (self.runtime.alive, self.runtime.restarts) != was:
                     print(f"control: runtime {msg.instance} alive", flush=True)
         if self.runtime.alive and not self.runtime.check(t):
@@ -185,10 +191,14 @@ class ControlLoop:
                 return False
         return True
 
-    def _runtime_lost(self, t_ns: int, why: str) -> None:
+    def _runtime_lost(self, t_ns: int, why: str, forget: bool = False) -> None:
+        """Hold from now on until the runtime's next Heartbeat. forget: its process is gone, drop its chunks
+        (after a lease expiry they are kept: the same runtime may only have been starved, and a restarted one
+        announces a new instance, which clears them)."""
+        if forget:
+            self.buffer.clear()
         if self.runtime.alive:
             self.runtime.drop(t_ns)
-            self.buffer.clear()  # nothing a dead runtime planned is trusted: hold until a live one plans again
             self._report("runtime_lost", f"runtime {self.runtime.instance}: {why}; holding")
 
     def _publish_status(self) -> None:

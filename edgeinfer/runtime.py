@@ -66,6 +66,8 @@ class RuntimeConfig:
     runtime_cpus: list[int] | None = None  # CPUs the runtime may use (None: any)
     byo_spec: Path | None = None  # bring your own policy: a spec TOML (engines/byo.py) served instead of `policy`
     byo_model: Path | None = None  # the spec's model file replaced by this one (e.g. its TorchScript twin)
+    # publish each chunk's first verified action step as soon as it exists, then the whole chunk
+    stream_first_step: bool = True
     null_policy: bool = False  # serve NullRuntime (a chunk holding the observed position, at once): benchmarks
     # observations older than this when they arrive are dropped and counted (obs_stale); None: off (another
     # host's clock)
@@ -286,6 +288,14 @@ def serve(cfg: RuntimeConfig, endpoints: transport.Endpoints, handshake_timeout_
         if mid_run and status_rx is not None:
             _await_control(status_rx, obs_rx, control, handshake_timeout_s, parent)
         replan_every, step_ns = runtime.chunk_timing(start.period_ns)
+        policy_runtime = runtime if isinstance(runtime, PolicyRuntime) else None  # not a drill's wrapper
+        if policy_runtime is not None:  # after the warm-up: the plan's cost samples, as histograms
+            policy_runtime.planner.latency.observer = tel.observe_ns
+
+        def send_first_step(first: ActionChunk) -> None:  # the first verified step, ahead of its chunk
+            if np.all(np.isfinite(first.steps_rad)):
+                out.send(first)
+                tel.observe_ns("time_to_first_action", first.t_ready_ns - msg.t_ns)
         what = ("null policy" if cfg.null_policy else f"bring-your-own {cfg.byo_spec}" if cfg.byo_spec
                 else f"{cfg.decode} on {cfg.backend} {cfg.precision}")
         print(f"runtime: {'re' if mid_run else ''}started ({what}, budget {cfg.scheduler.budget_ms} ms)", flush=True)
@@ -326,7 +336,10 @@ def serve(cfg: RuntimeConfig, endpoints: transport.Endpoints, handshake_timeout_
             t_start = msg.t_ns if 0 <= age_ns < budget_ns else t_recv
             if age_ns >= 0:
                 tel.observe_ns("obs_age_at_runtime", age_ns)
-            chunk = runtime.step(msg, t_start, step_ns)
+            if policy_runtime is not None and cfg.stream_first_step:
+                chunk = policy_runtime.step(msg, t_start, step_ns, on_first_step=send_first_step)
+            else:
+                chunk = runtime.step(msg, t_start, step_ns)
             if not np.all(np.isfinite(chunk.steps_rad)):  # never publish a non-finite action
                 report("nonfinite_action", f"chunk {chunk.seq} for observation {msg.seq}: non-finite action "
                                            "from the policy; sent the continue rung instead")
