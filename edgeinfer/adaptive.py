@@ -95,6 +95,9 @@ class SpeculationChooser:
         self.min_gain = min_gain
         self.acceptance = {d: AcceptanceModel(k_max) for d in self.drafters}
         self._ratios: dict[tuple, deque] = defaultdict(lambda: deque(maxlen=window))
+        self._ks: dict[tuple, set] = defaultdict(set)  # (op, drafter) -> k measured
+        self._medians: dict[tuple, float] = {}  # refreshed early, then every 8th sample: choose() stays cheap
+        self._added: dict[tuple, int] = defaultdict(int)
         self._unit_ns = 0
         self._chunks = 0
         self._last_run = dict.fromkeys(self.drafters, -1)
@@ -104,6 +107,9 @@ class SpeculationChooser:
     def clear_costs(self) -> None:
         """Forget every measured cost (after warm-up: first calls pay one-off allocation costs)."""
         self._ratios.clear()
+        self._ks.clear()
+        self._medians.clear()
+        self._added.clear()
         self._unit_ns = 0
 
     def record(self, drafter: str | None, op: str, k: int, value: int) -> None:
@@ -114,11 +120,22 @@ class SpeculationChooser:
             if drafter is not None and k > 0:
                 self.acceptance[drafter].record(k, value)
         elif self._unit_ns and (op == "verify" or k > 0):
-            self._ratios[(op, drafter if op == "draft" else None, k)].append(value / self._unit_ns)
+            key = (op, drafter if op == "draft" else None, k)
+            samples = self._ratios[key]
+            samples.append(value / self._unit_ns)
+            self._ks[key[:2]].add(k)
+            self._added[key] += 1  # (a full window's length stays put: count the samples instead)
+            if self._added[key] < 16 or self._added[key] % 8 == 0:
+                self._medians.pop(key, None)
+
+    def _median(self, key: tuple) -> float:
+        if key not in self._medians:
+            self._medians[key] = float(np.median(self._ratios[key]))
+        return self._medians[key]
 
     def _measured(self, op: str, drafter: str | None) -> tuple[list[int], list[float]]:
-        ks = sorted(k for (o, d, k), r in self._ratios.items() if o == op and d == drafter and r)
-        return ks, [float(np.median(self._ratios[(op, drafter, k)])) for k in ks]
+        ks = sorted(self._ks.get((op, drafter), ()))
+        return ks, [self._median((op, drafter, k)) for k in ks]
 
     def pass_costs(self, drafter: str) -> np.ndarray:
         """Estimated draft + verify cost of a pass for k = 0..k_max, in units of a prefill pass, (k_max + 1,).

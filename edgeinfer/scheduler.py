@@ -69,6 +69,7 @@ class LatencyModel:
         self.quantile = quantile
         self._samples: dict[tuple[str, int], deque] = defaultdict(lambda: deque(maxlen=window))
         self._cache: dict[tuple[str, int], float] = {}
+        self._added: dict[tuple[str, int], int] = defaultdict(int)
         self.observer = None
 
     def record(self, op: str, k: int, duration_ns: int) -> None:
@@ -76,14 +77,16 @@ class LatencyModel:
             self.observer(f"{op}.{k_group(k)}", duration_ns)
         samples = self._samples[(op, k)]
         samples.append(duration_ns)
-        if len(samples) < 16 or len(samples) % 8 == 0:  # a quantile of 256 samples costs ~20 us: refresh
-            for q in (self.quantile, 0.5):                # early, then every 8th sample, not every pass
+        self._added[(op, k)] += 1  # a full window's length stays put: count the samples instead
+        if self._added[(op, k)] < 16 or self._added[(op, k)] % 8 == 0:  # a quantile of 256 samples costs
+            for q in (self.quantile, 0.5):  # ~20 us: refresh early, then every 8th sample, not every pass
                 self._cache.pop((op, k, q), None)
 
     def clear(self) -> None:
         """Forget every sample (after warm-up: first calls pay one-off allocation costs)."""
         self._samples.clear()
         self._cache.clear()
+        self._added.clear()
 
     def estimate_ns(self, op: str, k: int, quantile: float | None = None) -> float:
         """Quantile estimate (default: the planning quantile); 0 when never measured (the first pass is how
