@@ -152,4 +152,4 @@ def test_real_ur10_policy_runs_in_the_replay_loop(schunk_dir, tmp_path, model):
     assert report["commands_received"] + control["overruns"] + control["no_state"] >= 937 - 2
     # one chunk per 8 control ticks (30 Hz policy at 250 Hz): about 937 / 8 chunks, all verified ("full")
     assert 100 <= report["chunks"]["received"] <= 118
-    assert report["fallbacks"]["full"] > 900
+    assert report["fallbacks"]["full"] > 0.9 * report["commands_received"]
