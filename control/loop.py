@@ -165,12 +165,12 @@ class ControlLoop:
         """Absorb pending chunks and observations, and the runtime's liveliness; False when the run was stopped."""
         t = now_ns()
         if self.link is not None and self.link.poll()[1]:  # its connection dropped: the process is gone
-            self._runtime_lost(t, "connection dropped", forget=True)
+            self._runtime_lost(t, "connection dropped")
         for msg in self.chunks.drain():
             if isinstance(msg, ActionChunk):
-                # Buffered even while its runtime is not alive (the buffer is not sampled then): a lease that
-                # expired because a live runtime was starved for a moment must not cost its chunks.
-                if msg.t_obs_ns + (len(msg.steps_rad) - 1) * msg.step_ns < t_tick_ns:
+                if not self.runtime.alive:  # sent before it was declared dead, or before its re-handshake
+                    self.stats.chunks_superseded += 1
+                elif msg.t_obs_ns + (len(msg.steps_rad) - 1) * msg.step_ns < t_tick_ns:
                     self.stats.chunks_expired += 1  # its whole horizon has passed: nothing in it is still due
                 elif not self.buffer.push(msg):
                     self.stats.chunks_superseded += 1
@@ -191,14 +191,12 @@ class ControlLoop:
                 return False
         return True
 
-    def _runtime_lost(self, t_ns: int, why: str, forget: bool = False) -> None:
-        """Hold from now on until the runtime's next Heartbeat. forget: its process is gone, drop its chunks
-        (after a lease expiry they are kept: the same runtime may only have been starved, and a restarted one
-        announces a new instance, which clears them)."""
-        if forget:
-            self.buffer.clear()
+    def _runtime_lost(self, t_ns: int, why: str) -> None:
         if self.runtime.alive:
             self.runtime.drop(t_ns)
+            # nothing a dead runtime planned is trusted (a Heartbeat still queued from it could revive it):
+            # hold until a live one plans again
+            self.buffer.clear()
             self._report("runtime_lost", f"runtime {self.runtime.instance}: {why}; holding")
 
     def _publish_status(self) -> None:
