@@ -80,11 +80,12 @@ def plot_histogram(latency_ms: np.ndarray, deadline_ms: float, path, title: str)
 
 
 def plot_timeline(t_s: np.ndarray, latency_ms: np.ndarray, miss: np.ndarray, rung: np.ndarray,
-                  deadline_ms: float, path, title: str) -> Path:
+                  deadline_ms: float, path, title: str, spans: list | None = None) -> Path:
     """Latency over time (top; log y) with misses in red and lost commands as red x on the deadline, and the
     rung of every tick's command (bottom strip; "none" = no command). All inputs (N,): t_s seconds since the
-    first observation was due, latency_ms (NaN = lost), miss bool, rung str. Raises ValueError if the
-    shapes differ. Returns the PNG's path."""
+    first observation was due, latency_ms (NaN = lost), miss bool, rung str. spans: injected runtime faults
+    as (t_from_s, t_to_s, label), shaded on both panels. Raises ValueError if the shapes differ. Returns the
+    PNG's path."""
     t = np.asarray(t_s, dtype=np.float64).ravel()
     lat = np.asarray(latency_ms, dtype=np.float64).ravel()
     miss = np.asarray(miss, dtype=bool).ravel()
@@ -102,6 +103,10 @@ def plot_timeline(t_s: np.ndarray, latency_ms: np.ndarray, miss: np.ndarray, run
         ax.scatter(t[lost], np.full(int(lost.sum()), deadline_ms), marker="x", color="red", zorder=3,
                    label=f"lost ({int(lost.sum())})")
     ax.axhline(deadline_ms, color="black", ls="--", lw=1, label=f"deadline {deadline_ms:g} ms")
+    for (t_from, t_to, label), colour in zip(spans or [], ("tab:orange", "tab:gray", "tab:cyan")):
+        for a in (ax, ax_r):  # at least 2 ms wide, so that a short stall stays visible on a long run
+            a.axvspan(t_from, max(t_to, t_from + 0.002), color=colour, alpha=0.25, lw=0,
+                      label=label if a is ax else None)
     if finite.any():
         _plain_log_y(ax)
     ax.set(ylabel="latency (ms)", title=title)
@@ -155,7 +160,17 @@ def write_plots(report: dict, per_obs: dict, out_dir) -> list[Path]:
     deadline_ms = float(report["deadline_ms"])
     lat = per_obs["latency_ms"]
     miss = np.asarray(per_obs["outcome"]) != "on_time"
+    t_s = np.asarray(per_obs["t_s"])
+    spans = []
+    if (stall := report.get("runtime_stall")) and stall["stalled_at_row"] < len(t_s):
+        t = float(t_s[stall["stalled_at_row"]])
+        spans.append((t, t + stall["stopped_ms"] / 1e3, f"runtime stalled {stall['stopped_ms']:.1f} ms"))
+    if (kill := report.get("runtime_fault")) and kill["killed_at_row"] < len(t_s):
+        t = float(t_s[kill["killed_at_row"]])
+        restart = kill.get("restart_after_ms")
+        spans.append((t, t + (restart / 1e3 if restart is not None else 0.0), "runtime killed"
+                      + (f", restarted after {restart:.0f} ms" if restart is not None else "")))
     return [plot_histogram(lat, deadline_ms, out_dir / PLOT_FILES[0], title),
-            plot_timeline(per_obs["t_s"], lat, miss, per_obs["rung"], deadline_ms, out_dir / PLOT_FILES[1], title),
+            plot_timeline(t_s, lat, miss, per_obs["rung"], deadline_ms, out_dir / PLOT_FILES[1], title, spans),
             plot_stages(per_obs["stages_ms"], STAGES, UNMEASURED_STAGES, out_dir / PLOT_FILES[2],
                         f"{title}: per-stage times")]

@@ -12,6 +12,7 @@ outcome: on_time, late, lost or hold.
 """
 from __future__ import annotations
 
+import dataclasses
 import gc
 import json
 import os
@@ -35,7 +36,7 @@ from edgeinfer.sim.plots import write_plots
 from edgeinfer.sim.readers import read_log
 from edgeinfer.sim.report import print_table, replay_progress, write_report
 from edgeinfer.sim.schedule import observation, previous_rows, tick_grid
-from edgeinfer.sim.supervisor import Supervisor, gap_report, safety_report
+from edgeinfer.sim.supervisor import Supervisor, gap_report, injected_section, safety_report, stall_report
 from rich.console import Console
 
 from edgeinfer import clock, transport
@@ -56,6 +57,9 @@ class ReplayConfig:
     time_scale: replay speed (0.1..20, 2.0 = twice as fast: the control loop runs at the scaled rate too).
     as_fast_as_possible: publish each observation right after the previous one (no schedule).
     catch_up: after a stall, send the rows whose time passed in a burst (default: skip them, counted).
+    duration_s: replay only the log's first duration_s seconds (recorded time; None: all of it).
+    stall_runtime_at_tick / stall_runtime_ms: fault injection, SIGSTOP the runtime when this row is sent and
+    SIGCONT it stall_runtime_ms later (sim/supervisor.py); kill_runtime_at_tick likewise counts rows.
     faults: network faults on the observation stream (sim/faults.py)."""
 
     log: Path | None = None
@@ -69,12 +73,15 @@ class ReplayConfig:
     time_scale: float = 1.0
     as_fast_as_possible: bool = False
     catch_up: bool = False
+    duration_s: float | None = None
     out: Path = Path("out")
     deadline_ms: float | None = None
     settle_ms: float = 200.0
     handshake_timeout_s: float = 120.0
     kill_runtime_at_tick: int | None = None  # fault injection: SIGKILL the runtime when this row is sent
     restart_runtime_after_ms: float | None = None  # ... and start a new runtime process this long after the kill
+    stall_runtime_at_tick: int | None = None  # fault injection: SIGSTOP the runtime when this row is sent ...
+    stall_runtime_ms: float = 20.0  # ... and SIGCONT it this long after
     garbage_per_row: int = 0  # fault injection: malformed messages (sim/supervisor.GARBAGE_KINDS) after each row
     # SCHED_FIFO priority of the replayer (best effort; 0 = off). Above the control loop's 60: the replayer stands
     # in for the sensor hardware, whose timing the system under test must not be able to delay.
@@ -105,6 +112,12 @@ class ReplayConfig:
                                                           or not self.restart_runtime_after_ms >= 0):
             raise ValueError("ReplayConfig.restart_runtime_after_ms needs kill_runtime_at_tick and must be >= 0, got "
                              f"{self.restart_runtime_after_ms}")
+        if self.duration_s is not None and not self.duration_s > 0:
+            raise ValueError(f"ReplayConfig.duration_s must be > 0, got {self.duration_s}")
+        if self.stall_runtime_at_tick is not None and self.stall_runtime_at_tick < 0:
+            raise ValueError(f"ReplayConfig.stall_runtime_at_tick must be >= 0, got {self.stall_runtime_at_tick}")
+        if not 0 < self.stall_runtime_ms <= 60_000:
+            raise ValueError(f"ReplayConfig.stall_runtime_ms must be in (0, 60000], got {self.stall_runtime_ms}")
         if not 0 <= self.garbage_per_row <= 100:
             raise ValueError(f"ReplayConfig.garbage_per_row must be in 0..100, got {self.garbage_per_row}")
         if not 0 <= self.replayer_priority <= 99:
@@ -143,6 +156,12 @@ def load_log(path: Path | None, fmt: str | None = None, **options) -> ArmLog:
     if path is None:
         return synthetic_log()
     return read_log(path, fmt, **options)
+
+
+def first_seconds(log: ArmLog, duration_s: float) -> ArmLog:
+    """The rows of `log` recorded in its first `duration_s` seconds (t_s < t_s[0] + duration_s; at least one)."""
+    n = max(1, int(np.searchsorted(log.t_s, log.t_s[0] + duration_s, side="left")))
+    return dataclasses.replace(log, t_s=log.t_s[:n], q_rad=log.q_rad[:n], qd_rad_s=log.qd_rad_s[:n])
 
 
 def reader_options(cfg: ReplayConfig) -> dict:
@@ -192,6 +211,8 @@ def replay(cfg: ReplayConfig, console: Console | None = None) -> dict:
     """
     console = console or Console()
     log = load_log(cfg.log, cfg.log_format, **reader_options(cfg))
+    if cfg.duration_s is not None:
+        log = first_seconds(log, cfg.duration_s)
     policy = policy_shape(cfg.runtime, log)
     scaled_ms = scaled_period_ns(log.period_ns, cfg.time_scale) / 1e6
     deadline_ms = cfg.deadline_ms if cfg.deadline_ms is not None else scaled_ms
@@ -213,6 +234,7 @@ def replay(cfg: ReplayConfig, console: Console | None = None) -> dict:
     original_cpus = sorted(os.sched_getaffinity(0))
     rt_warning = clock.enter_realtime(cfg.control.control_cpus, cfg.replayer_priority)
     ctx = zmq.Context()
+    sup = None
     try:
         obs_pub = transport.pub(ctx, ep.obs, bind=True)
         cmd_rx = transport.Receiver(transport.pull(ctx, ep.commands, bind=True, hwm=10_000))
@@ -226,7 +248,7 @@ def replay(cfg: ReplayConfig, console: Console | None = None) -> dict:
         with replay_progress(console, len(log), f"replaying at {log.rate_hz:.0f} Hz") as progress:
             sup = Supervisor(obs_pub, procs, cfg.kill_runtime_at_tick, cfg.restart_runtime_after_ms,
                              lambda: _spawn("serve", cfg.runtime, ep, cfg.out / "runtime.restarted.log"),
-                             cfg.garbage_per_row, status_rx)
+                             cfg.garbage_per_row, status_rx, cfg.stall_runtime_at_tick, cfg.stall_runtime_ms)
             rec = _stream(log, ticks, stride, obs_pub, cmd_rx, chunk_rx, deadline_ms, cfg.settle_ms, sup.on_row,
                           pacing=cfg, progress=progress)
             for s in previous:  # a second Ctrl-C must not lose the report of the first
@@ -235,6 +257,8 @@ def replay(cfg: ReplayConfig, console: Console | None = None) -> dict:
             sup.join()
             exit_codes = _finish(procs, cmd_rx, chunk_rx, rec, status_rx)
     finally:
+        if sup is not None:  # never leave a stalled (SIGSTOPped) runtime behind
+            sup.release()
         for p in procs:
             if p.poll() is None:
                 p.kill()
@@ -246,6 +270,10 @@ def replay(cfg: ReplayConfig, console: Console | None = None) -> dict:
     report, per_tick = summarize(rec, log, cfg, deadline_ms, stride)
     report["process_exit_codes"] = exit_codes
     report["runtime_fault"] = gap_report(sup, per_tick["outcome"], rec.t_sched_ns, rec.period_ns, rec.commands)
+    n_rows = len(per_tick["outcome"])
+    report["runtime_stall"] = stall_report(sup, per_tick["outcome"], per_tick["rung"], rec.t_sched_ns[:n_rows],
+                                           rec.period_ns)
+    report["injected"] = injected_section(cfg, report, sup)
     report["node_stats"] = {name: stats_summary(st) for name, st in sorted(rec.node_stats.items())}
     lim = cfg.control.limits
     report["safety"] = safety_report(rec.commands, lim.q_min_rad, lim.q_max_rad, lim.qd_max_rad_s, rec.period_ns)

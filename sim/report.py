@@ -133,6 +133,23 @@ def _miss_rate(report: dict) -> str:
     return text
 
 
+def _injected(report: dict) -> str:
+    """The faults injected, in one cell: network counts per kind, the runtime stall and kill ("-": none)."""
+    inj = report.get("injected")
+    if not isinstance(inj, dict):
+        return _MISSING
+    parts = [f"{kind} {n}" for kind, n in ((_get(inj, "network", "counts") or {}).items()) if n]
+    if isinstance(stall := inj.get("runtime_stall"), dict):
+        took = stall.get("stopped_ms")
+        parts.append(f"stall {took:.1f} ms @row {stall.get('done_at_row')}" if took is not None
+                     else f"stall asked @row {stall.get('at_row')}, not done")
+    if isinstance(kill := inj.get("runtime_kill"), dict):
+        parts.append(f"kill @row {kill.get('done_at_row')}" + (" + restart" if kill.get("restarted") else ""))
+    if inj.get("garbage_per_row"):
+        parts.append(f"garbage {inj['garbage_per_row']}/row")
+    return ", ".join(parts) or "none"
+
+
 def _column_title(report: dict, i: int) -> str:
     # Reports of the same log usually differ by decode mode; a "label" key, if present, wins.
     return str(report.get("label") or report.get("decode") or f"report {i + 1}")
@@ -172,6 +189,7 @@ def print_table(reports: list[dict], console: Console | None = None) -> Table:
         ("chunk boundary jump p99 mrad", lambda r: _num(_mrad(_get(r, "boundaries", "raw_jump_rad", "p99")), "{:.2f}")),
         ("slo", _slo),
         *_slo_rows(reports),
+        ("injected", _injected),
     ]
     rungs: list[str] = []
     for r in reports:

@@ -1,10 +1,11 @@
 """The replayer's side of liveliness and fault drills: its Heartbeat on the observation PUB (which also tells
-a runtime that joins mid-run the schedule), killing the runtime at a row, restarting it after a pause,
-and the report of the gap that leaves.
+a runtime that joins mid-run the schedule), stalling the runtime (SIGSTOP, SIGCONT) at a row, killing it
+at a row, restarting it after a pause, and the reports of the gaps those leave.
 """
 from __future__ import annotations
 
 import os
+import signal
 import threading
 from typing import Callable
 
@@ -12,7 +13,7 @@ import numpy as np
 import zmq
 
 from edgeinfer import transport
-from edgeinfer.clock import now_ns
+from edgeinfer.clock import now_ns, sleep_until
 from edgeinfer.wire import MAX_HEADER_BYTES, Heartbeat, Observation, Stats, encode
 
 HEARTBEAT_PERIOD_MS = 20.0
@@ -45,14 +46,26 @@ class Supervisor:
     """Called once per streamed row (`on_row(i, rec)`, after observation i is sent).
 
     Publishes the replayer's Heartbeat (with the run's t0/period/n_ticks) every HEARTBEAT_PERIOD_MS;
-    SIGKILLs procs[0] (the runtime) when row `kill_at_row` has been sent; `restart_after_ms` later, starts
-    a new runtime with `spawn()` (from a thread, so the replayer's schedule does not wait on fork/exec)
-    and puts it in procs[0]. Times are on the replayer's clock (ns).
+    SIGSTOPs procs[0] (the runtime) when row `stall_at_row` has been sent and SIGCONTs it `stall_ms` later
+    (from a thread that sleeps to that absolute time, so the stall does not round to whole rows);
+    SIGKILLs procs[0] when row `kill_at_row` has been sent; `restart_after_ms` later, starts a new runtime
+    with `spawn()` (from a thread, so the replayer's schedule does not wait on fork/exec) and puts it in
+    procs[0]. Times are on the replayer's clock (ns). `release()` resumes a stalled runtime at once: call
+    it on every way out (end of log, Ctrl-C, an error), so that no process is left stopped.
     """
 
     def __init__(self, obs_pub, procs: list, kill_at_row: int | None, restart_after_ms: float | None,
-                 spawn: Callable[[], object], garbage_per_row: int = 0, status_rx=None):
+                 spawn: Callable[[], object], garbage_per_row: int = 0, status_rx=None,
+                 stall_at_row: int | None = None, stall_ms: float | None = None):
         self.obs_pub, self.procs, self.kill_at_row = obs_pub, procs, kill_at_row
+        self.stall_at_row = stall_at_row
+        self.stall_ns = int(stall_ms * 1e6) if stall_ms is not None else 0
+        self.stalled = None  # the stopped process
+        self.stalled_row = self.stalled_tick = -1
+        self.t_stop_ns: int | None = None  # SIGSTOP sent
+        self.t_cont_ns: int | None = None  # SIGCONT sent
+        self._stall_lock = threading.Lock()
+        self._resumer: threading.Thread | None = None
         self.status_rx = status_rx  # the control loop's status SUB: read every 25 rows, so its queue never fills
         self.garbage_per_row = garbage_per_row
         self.garbage_sent: dict[str, int] = {kind: 0 for kind in GARBAGE_KINDS}
@@ -79,6 +92,8 @@ class Supervisor:
             kind = GARBAGE_KINDS[sum(self.garbage_sent.values()) % len(GARBAGE_KINDS)]
             self.obs_pub.send_multipart(malformed(kind, rec.n_ticks + i), flags=zmq.NOBLOCK)
             self.garbage_sent[kind] += 1
+        if self.stall_at_row is not None and i >= self.stall_at_row and self.stalled is None:  # a skipped row too
+            self._stall(i, int(rec.tick[i]))
         if self.kill_at_row is not None and i >= self.kill_at_row and self.killed is None:  # a skipped row too
             self.killed, self.killed_row, self.killed_tick = self.procs[0], i, int(rec.tick[i])
             self.killed.kill()
@@ -88,6 +103,34 @@ class Supervisor:
             self.t_restart_ns = t
             self._restarter = threading.Thread(target=self._restart, daemon=True)
             self._restarter.start()
+
+    def _stall(self, row: int, tick: int) -> None:
+        proc = self.procs[0]
+        if proc.poll() is not None:  # already dead (killed earlier): nothing to stop
+            self.stalled, self.stalled_row, self.stalled_tick = proc, row, tick
+            return
+        with self._stall_lock:
+            os.kill(proc.pid, signal.SIGSTOP)
+            self.t_stop_ns = now_ns()
+            self.stalled, self.stalled_row, self.stalled_tick = proc, row, tick
+        self._resumer = threading.Thread(target=self._resume_at, args=(self.t_stop_ns + self.stall_ns,), daemon=True)
+        self._resumer.start()
+
+    def _resume_at(self, t_ns: int) -> None:
+        sleep_until(t_ns, spin_ns=50_000)
+        self.release()
+
+    def release(self) -> None:
+        """SIGCONT the stalled runtime if it is still stopped (idempotent; safe from any thread)."""
+        with self._stall_lock:
+            if self.t_stop_ns is None or self.t_cont_ns is not None:
+                return
+            if self.stalled.poll() is None:  # not reaped (a reaped pid could be reused)
+                try:
+                    os.kill(self.stalled.pid, signal.SIGCONT)
+                except ProcessLookupError:
+                    pass
+            self.t_cont_ns = now_ns()
 
     def take_status(self, rec) -> None:
         """The newest Stats of each node on the status SUB into rec.node_stats (Heartbeats are dropped)."""
@@ -100,6 +143,10 @@ class Supervisor:
         self.procs[0] = self.spawn()
 
     def join(self) -> None:
+        """Wait for a pending restart; resume a runtime still stalled (a log that ended inside the stall)."""
+        self.release()
+        if self._resumer is not None:
+            self._resumer.join(timeout=5)
         if self._restarter is not None:
             self._restarter.join(timeout=30)
 
@@ -142,6 +189,52 @@ def gap_report(sup: Supervisor, outcome: np.ndarray, t_sched_ns: np.ndarray, per
             "longest_hold_ms": longest * period_ns / 1e6,
             "recovered": bool(restarted and len(recovered)),
             "time_to_recover_ms": ((t_sched_ns[end] - sup.t_kill_ns) / 1e6 if restarted and len(recovered) else None)}
+
+
+def stall_report(sup: Supervisor, outcome: np.ndarray, rung: np.ndarray, t_sched_ns: np.ndarray,
+                 period_ns: int, after_ms: float = 200.0) -> dict | None:
+    """What a runtime stall (SIGSTOP .. SIGCONT) did, from per-row outcomes and rungs (on_time/late/lost/hold;
+    the command's rung, "" when lost), on the replayer's clock. Three windows of rows, by scheduled time:
+    `before` (as long as the stall, just before it), `during` (SIGSTOP to SIGCONT) and `after` (after_ms
+    from SIGCONT, when the runtime catches up). Each: rows, misses, outcomes and rungs. None when nothing
+    was stalled (no stall asked, or the runtime was already dead at that row)."""
+    if sup.t_stop_ns is None:
+        return None
+    t_cont = sup.t_cont_ns if sup.t_cont_ns is not None else sup.t_stop_ns + sup.stall_ns
+    stopped_ns = t_cont - sup.t_stop_ns
+    rows = np.arange(len(outcome))
+    windows = {"before": (t_sched_ns >= sup.t_stop_ns - stopped_ns) & (t_sched_ns < sup.t_stop_ns),
+               "during": (t_sched_ns >= sup.t_stop_ns) & (t_sched_ns < t_cont) & (rows > sup.stalled_row),
+               "after": (t_sched_ns >= t_cont) & (t_sched_ns < t_cont + int(after_ms * 1e6))}
+
+    def window(sel: np.ndarray) -> dict:
+        o, r = outcome[sel], rung[sel]
+        return {"rows": int(sel.sum()), "misses": int(np.sum(o != "on_time")),
+                "outcomes": {k: int(np.sum(o == k)) for k in ("on_time", "late", "lost", "hold")},
+                "rungs": {(k or "none"): int(np.sum(r == k)) for k in dict.fromkeys(r.tolist())}}
+    return {"stalled_at_row": int(sup.stalled_row), "stalled_at_tick": int(sup.stalled_tick),
+            "stall_ms": sup.stall_ns / 1e6, "stopped_ms": stopped_ns / 1e6,
+            "resumed": sup.t_cont_ns is not None, "after_ms": after_ms,
+            "window": {name: window(sel) for name, sel in windows.items()}}
+
+
+def injected_section(cfg, report: dict, sup: Supervisor) -> dict:
+    """The report's "injected": every fault this run injected, in one place, each None when off. network: the
+    kinds and counts on the observation stream (details in replayer.faults); runtime_stall: asked and done
+    (effect in runtime_stall); runtime_kill: asked and done (effect in runtime_fault); garbage_per_row."""
+    faults = (report.get("replayer") or {}).get("faults")
+    stall = kill = None
+    if cfg.stall_runtime_at_tick is not None:
+        stall = {"at_row": cfg.stall_runtime_at_tick, "stall_ms": cfg.stall_runtime_ms,
+                 "done_at_row": sup.stalled_row if sup.t_stop_ns is not None else None,
+                 "stopped_ms": (sup.t_cont_ns - sup.t_stop_ns) / 1e6 if sup.t_cont_ns is not None else None}
+    if cfg.kill_runtime_at_tick is not None:
+        kill = {"at_row": cfg.kill_runtime_at_tick, "restart_after_ms": cfg.restart_runtime_after_ms,
+                "done_at_row": sup.killed_row if sup.t_kill_ns is not None else None,
+                "restarted": sup.t_restart_ns is not None}
+    network = None if faults is None else {"seed": faults["seed"], "counts": faults["counts"]}
+    return {"network": network, "runtime_stall": stall, "runtime_kill": kill,
+            "garbage_per_row": cfg.garbage_per_row or None}
 
 
 def safety_report(commands: dict, q_min_rad, q_max_rad, qd_max_rad_s: float, period_ns: int) -> dict:
