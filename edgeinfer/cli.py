@@ -13,6 +13,7 @@ from edgeinfer.engines.build import BuildConfig
 from edgeinfer.engines.distill import DistillConfig
 from edgeinfer.engines.train import TrainConfig
 from edgeinfer.runtime import RuntimeConfig
+from edgeinfer.sim.hil import HilConfig
 from edgeinfer.sim.replay import ReplayConfig
 from edgeinfer.transport import Endpoints
 
@@ -35,6 +36,10 @@ def main(argv: list[str] | None = None) -> int:
     add_options(p, BuildConfig)
     p = sub.add_parser("keys", help="write ZeroMQ CURVE key pairs for non-loopback endpoints (--curve-dir DIR)")
     p.add_argument("dir", type=Path, help="directory to create them in (never overwritten)")
+    p = sub.add_parser("hil", help="hardware in the loop: replay a log here (replayer + control loop) against a "
+                                   "runtime on another host (`edgeinfer serve` there; tcp://HOST:PORT is its chunk "
+                                   "publisher, the run uses ports PORT..PORT+5); separates network from inference")
+    add_options(p, HilConfig)
     p = sub.add_parser("compare", help="compare two replay reports (A = baseline, B = candidate) figure by "
                                        "figure, with verdicts from the confidence intervals")
     p.add_argument("a", type=Path, metavar="A.json")
@@ -133,6 +138,13 @@ def _run(args, parser) -> int:
         from edgeinfer.sim.compare import main as compare
 
         return compare(args.a, args.b, args.json, args.fail_on_regression, args.alpha)
+    if args.command == "hil":
+        from edgeinfer.sim.hil import hil
+
+        cfg = build(HilConfig, args)
+        report = hil(cfg)
+        print(f"wrote {cfg.out}/: report.json, ticks.csv, latency_histogram.png, latency.png, stages.png, control.log")
+        return 130 if report["interrupted"] else (0 if report["process_exit_codes"]["control"] == 0 else 1)
     if args.command == "keys":
         from edgeinfer.keys import make_keys
 

@@ -13,6 +13,7 @@ import dataclasses
 import os
 import signal
 import sys
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Literal
@@ -79,6 +80,8 @@ class RuntimeConfig:
     runtime_lease_ms: float = 6.0
     runtime_stats_ms: float = 200.0  # Stats period on the chunk PUB
     faults: FaultConfig = field(default_factory=FaultConfig)  # fault injection (edgeinfer.faults); off by default
+    # bind a round-trip echo here (start_echo), for `edgeinfer hil` to measure the bare network; None: off
+    echo_endpoint: str | None = None
 
     def __post_init__(self):
         self.policy = Path(self.policy)
@@ -230,6 +233,39 @@ def _make_runtime(cfg: RuntimeConfig):
     return runtime
 
 
+def start_echo(endpoint: str, keys: transport.CurveKeys | None) -> Callable[[], None]:
+    """A ROUTER bound at `endpoint` that sends every message straight back to its sender (the network round-trip
+    probe of sim/hil.py), CURVE server when `keys` are given. libzmq's proxy (frontend = backend) runs it in C with
+    the GIL released, on a context of its own, so a decode on the main thread never delays a reply. Returns
+    stop(). Raises zmq.ZMQError when the endpoint cannot be bound."""
+    ctx = zmq.Context()
+    auth = transport.start_authenticator(ctx, keys)
+    sock = ctx.socket(zmq.ROUTER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.MAXMSGSIZE, 4096)  # probes are a few bytes
+    if keys is not None:
+        sock.curve_server = True
+        sock.curve_publickey, sock.curve_secretkey = keys.server_public, keys.server_secret
+    sock.bind(endpoint)
+
+    def run() -> None:
+        try:
+            zmq.proxy(sock, sock)
+        except zmq.ContextTerminated:  # stop(): ctx.term() ends the proxy
+            pass
+        finally:
+            sock.close(linger=0)
+    thread = threading.Thread(target=run, name="echo", daemon=True)
+    thread.start()
+
+    def stop() -> None:
+        if auth is not None:
+            auth.stop()
+        ctx.term()  # returns once run() has closed the socket
+        thread.join()
+    return stop
+
+
 def serve(cfg: RuntimeConfig, endpoints: transport.Endpoints, handshake_timeout_s: float = 300.0) -> int:
     """Run the runtime node until a Stop message (or SIGTERM). Returns the number of chunks sent.
 
@@ -256,6 +292,7 @@ def serve(cfg: RuntimeConfig, endpoints: transport.Endpoints, handshake_timeout_
     auth = transport.start_authenticator(ctx, keys)
     tel = Telemetry("runtime", cfg.runtime_stats_ms)
     beacon = None
+    stop_echo = start_echo(cfg.echo_endpoint, keys) if cfg.echo_endpoint else None
     try:
         out = transport.LockedSender(transport.pub(ctx, endpoints.chunks, bind=True, curve=keys))
 
@@ -357,6 +394,8 @@ def serve(cfg: RuntimeConfig, endpoints: transport.Endpoints, handshake_timeout_
     finally:
         if beacon is not None:
             beacon.stop()
+        if stop_echo is not None:
+            stop_echo()
         if auth is not None:
             auth.stop()
         ctx.destroy(linger=0)

@@ -1,0 +1,405 @@
+"""Hardware in the loop: replay a log on this machine (the robot side: replayer and control loop) against a
+runtime node on another machine, and separate the network from the inference.
+
+    this host (robot side)                                    runtime host (HOST)
+    replayer --Observation  PUB  bind ROBOT:PORT+2  ------->  SUB   edgeinfer serve
+    replayer <-- ready      PULL bind ROBOT:PORT+3  <-------  PUSH
+    control  --Heartbeat... PUB  bind ROBOT:PORT+4  ------->  SUB
+    control, replayer <-- ActionChunk  SUB  ------- HOST:PORT    PUB bind
+    prober   <-> echo     DEALER  ----------------- HOST:PORT+1  ROUTER bind (runtime.start_echo)
+    control  --JointCommand PUSH -> replayer PULL on 127.0.0.1:PORT+5 (never leaves this host)
+
+`--endpoint tcp://HOST:PORT` names the runtime's chunk publisher; the run uses the block PORT..PORT+5 (PORT_MAP).
+ROBOT (bind_host) is this host's address that routes to HOST unless given. `hil_serve_command` prints the
+matching `edgeinfer serve` line for the runtime host. A runtime node serves one run (it exits on the Stop).
+
+Clocks: every figure is measured on this host's monotonic clock. Observation sent -> command received (the
+first command planned from that observation) and observation sent -> chunk received are both timestamped here;
+the runtime's own timestamps (ActionChunk.t_ready_ns, its latency histograms) are from another clock and are
+left out. The bare network round trip (sim/roundtrip.py) is timed before the replay (rtt_before probes) and
+during it (one every rtt_period_ms, from a child process), and the latency figures are also given minus its
+median, so the report separates network from inference.
+"""
+from __future__ import annotations
+
+import dataclasses
+import select
+import signal
+import socket
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+import zmq
+from edgeinfer.control.loop import ControlConfig
+from edgeinfer.engines.policy import DEFAULT_POLICY
+from edgeinfer.sim import roundtrip
+from edgeinfer.sim.faults import NetworkFaultConfig
+from edgeinfer.sim.metrics import CONFIDENCE, summarize, write_ticks
+from edgeinfer.sim.pacing import scaled_period_ns
+from edgeinfer.sim.plots import PLOT_FILES, plot_histogram, plot_stages, plot_timeline
+from edgeinfer.sim.replay import (
+    ReplayConfig,
+    _collect,
+    _raise_interrupt,
+    _spawn,
+    _stream,
+    check_run_fits,
+    load_log,
+    policy_shape,
+    reader_options,
+)
+from edgeinfer.sim.report import print_table, replay_progress, write_report
+from edgeinfer.sim.schedule import tick_grid
+from edgeinfer.sim.stats import latency_ci_ms, latency_summary_ms
+from edgeinfer.sim.supervisor import Supervisor, safety_report
+from rich.console import Console
+
+from edgeinfer import clock, transport
+from edgeinfer.runtime import RuntimeConfig
+from edgeinfer.telemetry import stats_summary
+from edgeinfer.wire import Stats, Stop
+
+PORT_MAP = {"chunks": 0, "echo": 1, "obs": 2, "ready": 3, "status": 4, "commands": 5}  # offsets from PORT
+# the runtime's histograms that subtract our timestamps from its clock: meaningless across hosts
+CROSS_CLOCK_HISTOGRAMS = ("obs_age_at_runtime", "time_to_chunk", "time_to_first_action")
+HIL_STAGES = {
+    "send": "observation due -> sent by the replayer",
+    "obs->chunk": "observation sent -> its chunk received (network both ways + runtime)",
+    "control": "tick due -> command sent by the control loop",
+    "command": "command sent -> command received by the replayer",
+}
+BEFORE_GAP_MS = 2.0  # spacing of the probes before the replay
+
+
+@dataclass
+class HilConfig:
+    """endpoint: tcp://HOST:PORT of the remote runtime's chunk publisher (port block: PORT_MAP).
+    log ... slo: as ReplayConfig (the fields of the same name are passed on to it).
+    policy: manifest of the policy the remote runtime serves (joint count and chunk step; not loaded here).
+    bind_host: address of this host the robot-side sockets bind and the runtime connects to (None: the one
+    that routes to HOST). curve/curve_dir: CURVE as transport.Endpoints (keys from `edgeinfer keys DIR`, the same
+    DIR on both hosts). rtt_before: round trips timed before the replay; rtt_period_ms: one round trip every
+    this long during it; rtt_timeout_ms: a probe unanswered this long is lost."""
+
+    endpoint: str
+    log: Path | None = None
+    log_format: Literal["schunk", "csv", "mcap", "rosbag2", "rosbag1", "lerobot"] | None = None
+    topic: str | None = None
+    q_field: str | None = None
+    qd_field: str | None = None
+    time_source: Literal["header", "log"] | None = None
+    episode: int | None = None
+    columns: str | None = None
+    duration_s: float | None = None
+    time_scale: float = 1.0
+    as_fast_as_possible: bool = False
+    catch_up: bool = False
+    out: Path = Path("out/hil")
+    deadline_ms: float | None = None
+    settle_ms: float = 200.0
+    handshake_timeout_s: float = 300.0
+    replayer_priority: int = 70
+    slo: str | None = None
+    policy: Path = DEFAULT_POLICY
+    bind_host: str | None = None
+    curve: Literal["auto", "on", "off"] = "auto"
+    curve_dir: Path | None = None
+    rtt_before: int = 200
+    rtt_period_ms: float = 20.0
+    rtt_timeout_ms: float = 1000.0
+    control: ControlConfig = field(default_factory=ControlConfig)
+    faults: NetworkFaultConfig = field(default_factory=NetworkFaultConfig)
+
+    def __post_init__(self):
+        self.out, self.policy = Path(self.out), Path(self.policy)
+        self.curve_dir = Path(self.curve_dir) if self.curve_dir is not None else None
+        parse_endpoint(self.endpoint)
+        if self.duration_s is not None and not self.duration_s > 0:
+            raise ValueError(f"HilConfig.duration_s must be > 0, got {self.duration_s}")
+        if not 10 <= self.rtt_before <= 100_000:
+            raise ValueError(f"HilConfig.rtt_before must be in 10..100000, got {self.rtt_before}")
+        if not 1 <= self.rtt_period_ms <= 10_000:
+            raise ValueError(f"HilConfig.rtt_period_ms must be in [1, 10000], got {self.rtt_period_ms}")
+        if not 0 < self.rtt_timeout_ms <= 60_000:
+            raise ValueError(f"HilConfig.rtt_timeout_ms must be in (0, 60000], got {self.rtt_timeout_ms}")
+        self.replay_config()  # the shared fields checked by ReplayConfig itself
+
+    def replay_config(self) -> ReplayConfig:
+        """The ReplayConfig of the fields the two share (reader, pacing, deadline, SLO, control, faults); the
+        runtime section names only the policy; no fault drill on the remote process, no CPU pinning."""
+        shared = {f.name for f in dataclasses.fields(ReplayConfig)} & {f.name for f in dataclasses.fields(self)}
+        values = {k: getattr(self, k) for k in shared}
+        return ReplayConfig(**values, runtime=RuntimeConfig(policy=self.policy), pin_cpus=False)
+
+
+def parse_endpoint(endpoint: str) -> tuple[str, int]:
+    """(HOST, PORT) of tcp://HOST:PORT; ValueError naming the endpoint when it is not one, or PORT+5 > 65535."""
+    host, _, port = endpoint.removeprefix("tcp://").rpartition(":")
+    if not endpoint.startswith("tcp://") or not host or not port.isdigit():
+        raise ValueError(f"HilConfig.endpoint must be tcp://HOST:PORT, got {endpoint!r}")
+    if not 1 <= int(port) <= 65535 - max(PORT_MAP.values()):
+        raise ValueError(f"HilConfig.endpoint: PORT must be in 1..{65535 - max(PORT_MAP.values())} (the run uses "
+                         f"PORT..PORT+{max(PORT_MAP.values())}), got {port}")
+    return host.strip("[]"), int(port)
+
+
+def route_address(host: str) -> str:
+    """This host's address on the interface that routes to `host` (a UDP connect sends nothing). Raises
+    ValueError when `host` does not resolve."""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect((socket.gethostbyname(host), 9))
+            return s.getsockname()[0]
+    except OSError as e:
+        raise ValueError(f"HilConfig.endpoint: cannot route to {host!r} ({e})") from None
+
+
+def hil_endpoints(cfg: HilConfig) -> tuple[transport.Endpoints, str, str]:
+    """(the robot side's Endpoints, the echo endpoint, ROBOT) for cfg.endpoint, per PORT_MAP."""
+    host, port = parse_endpoint(cfg.endpoint)
+    robot = cfg.bind_host or route_address(host)
+    at = lambda h, name: f"tcp://{h}:{port + PORT_MAP[name]}"  # noqa: E731
+    ep = transport.Endpoints(obs=at(robot, "obs"), chunks=at(host, "chunks"), commands=at("127.0.0.1", "commands"),
+                             ready=at(robot, "ready"), status=at(robot, "status"), curve=cfg.curve,
+                             curve_dir=cfg.curve_dir)
+    return ep, at(host, "echo"), robot
+
+
+def hil_serve_command(cfg: HilConfig, robot: str, bind: str = "0.0.0.0") -> str:
+    """The `edgeinfer serve` command line for the runtime host: binds the chunk PUB and the echo on `bind`,
+    connects to ROBOT's observation, ready and status endpoints. --max-obs-age-ms is set far out of reach:
+    the two hosts' monotonic clocks are unrelated, so an observation's age cannot be read there."""
+    _, port = parse_endpoint(cfg.endpoint)
+    at = lambda h, name: f"tcp://{h}:{port + PORT_MAP[name]}"  # noqa: E731
+    curve = f" --curve {cfg.curve}" + (f" --curve-dir {cfg.curve_dir}" if cfg.curve_dir else "")
+    return (f"edgeinfer serve --chunks {at(bind, 'chunks')} --echo-endpoint {at(bind, 'echo')} "
+            f"--obs {at(robot, 'obs')} --ready {at(robot, 'ready')} --status {at(robot, 'status')} "
+            f"--commands {at(robot, 'commands')} --max-obs-age-ms 1e12{curve}")
+
+
+def hil(cfg: HilConfig, console: Console | None = None) -> dict:
+    """Run one hardware-in-the-loop replay against the runtime at cfg.endpoint (started separately, see
+    hil_serve_command); writes report.json (with "network" and "hil" sections), ticks.csv, the three plots and
+    control.log under cfg.out. Returns the report.
+
+    Raises LogError for a log the policy cannot run on, ValueError for a bad endpoint or missing CURVE keys,
+    TimeoutError when the runtime does not complete the handshake within handshake_timeout_s, RuntimeError when
+    the local control process dies during start-up or the runtime never answers a round-trip probe.
+    """
+    console = console or Console()
+    rcfg = cfg.replay_config()
+    log = load_log(rcfg.log, rcfg.log_format, **reader_options(rcfg))
+    if cfg.duration_s is not None:
+        n = max(1, int(np.searchsorted(log.t_s, log.t_s[0] + cfg.duration_s, side="left")))
+        log = dataclasses.replace(log, t_s=log.t_s[:n], q_rad=log.q_rad[:n], qd_rad_s=log.qd_rad_s[:n])
+    policy = policy_shape(rcfg.runtime, log)
+    deadline_ms = cfg.deadline_ms if cfg.deadline_ms is not None else scaled_period_ns(log.period_ns,
+                                                                                         cfg.time_scale) / 1e6
+    check_run_fits(log, policy, rcfg, deadline_ms)
+    stride, ticks = policy["stride_ticks"], tick_grid(log)
+    ep, echo, robot = hil_endpoints(cfg)
+    keys = ep.curve_keys()
+    cfg.out.mkdir(parents=True, exist_ok=True)
+    console.print(f"hil: on the runtime host run: [bold]{hil_serve_command(cfg, robot)}[/bold]")
+    timeout_ns = int(cfg.rtt_timeout_ms * 1e6)
+    previous = {s: signal.signal(s, _raise_interrupt) for s in (signal.SIGINT, signal.SIGTERM)}
+    control = _spawn("control", cfg.control, ep, cfg.out / "control.log")
+    prober = _start_prober(echo, cfg, cfg.out / "rtt_during.npy")
+    rt_warning = clock.enter_realtime(cfg.control.control_cpus, cfg.replayer_priority)
+    ctx = zmq.Context()
+    auth = transport.start_authenticator(ctx, keys)
+    try:
+        obs_pub = transport.pub(ctx, ep.obs, bind=True, curve=keys)
+        cmd_rx = transport.Receiver(transport.pull(ctx, ep.commands, bind=True, hwm=10_000, curve=keys))
+        ready_rx = transport.Receiver(transport.pull(ctx, ep.ready, bind=True, curve=keys))
+        chunk_rx = transport.Receiver(transport.sub(ctx, ep.chunks, hwm=10_000, curve=keys))
+        status_rx = transport.Receiver(transport.sub(ctx, ep.status, hwm=10_000, curve=keys))
+        with console.status(f"waiting for the runtime at {cfg.endpoint} and the local control loop"):
+            transport.wait_until_subscribed(obs_pub, "replayer", ready_rx, {"runtime", "control"},
+                                            cfg.handshake_timeout_s, check=lambda: _check_control(control, cfg.out))
+            transport.wait_for_hello([chunk_rx], cfg.handshake_timeout_s)
+        with console.status(f"timing {cfg.rtt_before} network round trips to {echo}"):
+            probe = roundtrip.connect(ctx, echo, keys)
+            if not roundtrip.warm_up(probe, timeout_ns):
+                raise RuntimeError(f"no echo from {echo} within {cfg.rtt_timeout_ms} ms: start the runtime with "
+                                   f"--echo-endpoint (see the serve command above)")
+            before = roundtrip.round_trips(probe, cfg.rtt_before, int(BEFORE_GAP_MS * 1e6), timeout_ns)
+            probe.close(linger=0)
+        _go(prober)
+        with replay_progress(console, len(log), f"replaying at {log.rate_hz:.0f} Hz against {cfg.endpoint}") as bar:
+            sup = Supervisor(obs_pub, [], None, None, lambda: None, 0, status_rx)  # Heartbeats, status drained
+            rec = _stream(log, ticks, stride, obs_pub, cmd_rx, chunk_rx, deadline_ms, cfg.settle_ms, sup.on_row,
+                          pacing=rcfg, progress=bar)
+        for s in previous:  # a second Ctrl-C must not lose the report of the first
+            signal.signal(s, signal.SIG_IGN)
+        transport.send(obs_pub, Stop("interrupted" if rec.interrupted else "end of log"))
+        during = _stop_prober(prober, cfg.out / "rtt_during.npy", cfg.rtt_timeout_ms / 1000)
+        exit_code = _finish_control(control, cmd_rx, chunk_rx, status_rx, rec)
+    finally:
+        for p in (control, prober):
+            if p.poll() is None:
+                p.kill()
+        if auth is not None:
+            auth.stop()
+        ctx.destroy(linger=0)
+        clock.leave_realtime()
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+    report, per_tick = summarize(rec, log, rcfg, deadline_ms, stride)
+    report.update(decode="remote", engine=f"runtime at {cfg.endpoint}", drafter=None, budget_ms=None, k_max=None,
+                  process_exit_codes={"control": exit_code}, runtime_fault=None)
+    report["network"] = network_section(before, during, echo)
+    stages = hil_stages(rec, per_tick)
+    report["stages_ms"] = {k: latency_summary_ms(v * 1e6) for k, v in stages.items()}
+    report["hil"] = hil_section(rec, cfg, ep, echo, robot, report["network"]["round_trip_ms"]["p50"])
+    report["node_stats"] = {name: _same_clock_stats(stats_summary(st)) for name, st in sorted(rec.node_stats.items())}
+    lim = cfg.control.limits
+    report["safety"] = safety_report(rec.commands, lim.q_min_rad, lim.q_max_rad, lim.qd_max_rad_s, rec.period_ns)
+    report["harness"]["replayer_priority"] = None if rt_warning else cfg.replayer_priority
+    if exit_code != 0:
+        console.print(f"[red]control process exited with code {exit_code}; see {cfg.out / 'control.log'}[/red]")
+    if rt_warning:
+        console.print(f"[yellow]replayer: {rt_warning}[/yellow]")
+    write_report(report, cfg.out)
+    write_ticks(per_tick, cfg.out / "ticks.csv")
+    _plots(report, per_tick, stages, cfg.out)
+    print_table([report], console)
+    net = report["network"]["round_trip_ms"]
+    console.print(f"network round trip p50 {net['p50']:.3f} ms, p99 {net['p99']:.3f} ms, max {net['max']:.3f} ms "
+                  f"(n={report['network']['n']}, lost {report['network']['lost']})")
+    return report
+
+
+def _check_control(proc: subprocess.Popen, out: Path) -> None:
+    if proc.poll() is not None:
+        tail = (out / "control.log").read_text()[-2000:]
+        raise RuntimeError(f"control process exited with code {proc.returncode} during start-up:\n{tail}")
+
+
+def _start_prober(echo: str, cfg: HilConfig, out: Path) -> subprocess.Popen:
+    argv = [sys.executable, "-m", "edgeinfer.sim.roundtrip", echo, str(cfg.rtt_period_ms), str(cfg.rtt_timeout_ms),
+            str(out), *([str(cfg.curve_dir)] if cfg.curve_dir is not None and cfg.curve != "off" else [])]
+    return subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, start_new_session=True)
+
+
+def _go(prober: subprocess.Popen, timeout_s: float = 30.0) -> None:
+    """Start the prober's interleaved probes once it has connected and warmed up."""
+    ready = select.select([prober.stdout], [], [], timeout_s)[0] and prober.stdout.readline().strip() == "ready"
+    if not ready:
+        raise RuntimeError(f"round-trip prober not ready within {timeout_s} s (exit code {prober.poll()})")
+    prober.stdin.write("go\n")
+    prober.stdin.flush()
+
+
+def _stop_prober(prober: subprocess.Popen, out: Path, timeout_s: float) -> np.ndarray:
+    """Stop the interleaved probes (after the one in flight, up to timeout_s); their (k, 2) samples (none when
+    the prober failed)."""
+    try:
+        prober.stdin.write("stop\n")
+        prober.stdin.close()
+        prober.wait(timeout=5 + timeout_s)
+    except (BrokenPipeError, subprocess.TimeoutExpired):
+        prober.kill()
+        prober.wait()
+    return np.load(out, allow_pickle=False) if out.exists() else np.zeros((0, 2), dtype=np.int64)
+
+
+def _finish_control(control, cmd_rx, chunk_rx, status_rx, rec) -> int:
+    """Wait for the control loop to exit after Stop (terminate a straggler); collect what is still queued."""
+    try:
+        control.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        control.terminate()
+        control.wait(timeout=5)
+    _collect(cmd_rx, chunk_rx, rec)
+    for msg in status_rx.drain(limit=10_000):
+        if isinstance(msg, Stats):
+            rec.node_stats[msg.sender] = msg
+    return control.returncode
+
+
+def _summary(rtt_ns: np.ndarray) -> dict:
+    ok = rtt_ns[rtt_ns >= 0]
+    return {"n": int(ok.size), "lost": int(rtt_ns.size - ok.size), "round_trip_ms": latency_summary_ms(ok),
+            "round_trip_ci95_ms": latency_ci_ms(ok, CONFIDENCE)}
+
+
+def network_section(before: np.ndarray, during: np.ndarray, echo: str) -> dict:
+    """The "network" section: round trips before the replay, during it, and all together (the top-level figures:
+    p50/p90/p99/p999/max/mean ms with order-statistic CIs, n answered, lost). before/during: (k, 2) int64
+    (t_sent_ns, round_trip_ns or -1)."""
+    both = np.concatenate([before[:, 1], during[:, 1]])
+    return {"method": f"DEALER -> {echo} (the runtime node's ROUTER echo, answered by libzmq without the GIL), "
+                      f"{roundtrip.PROBE_BYTES}-byte probes, both timestamps on this host's monotonic clock",
+            "echo": echo, **_summary(both), "before": _summary(before[:, 1]), "during": _summary(during[:, 1])}
+
+
+def hil_stages(rec, per_tick: dict) -> dict[str, np.ndarray]:
+    """Per-observation stage times (ms, NaN = not measured) that need no clock but this host's (HIL_STAGES)."""
+    st = per_tick["stages_ms"]
+    return {"send": st["send"], "obs->chunk": _obs_to_chunk_ns(rec, len(per_tick["tick"])) / 1e6,
+            "control": st["control"], "command": st["command"]}
+
+
+def _obs_to_chunk_ns(rec, n: int) -> np.ndarray:
+    """(n,) observation sent -> its (last) chunk received, ns; NaN where no chunk was built from it."""
+    row_of_tick = {int(k): i for i, k in enumerate(rec.tick[:n])}
+    out = np.full(n, np.nan)
+    for t_recv, c in rec.chunks:
+        if (i := row_of_tick.get(c.obs_seq)) is not None:
+            out[i] = t_recv - rec.t_sent_ns[i]
+    return out
+
+
+def _obs_to_command_ns(rec, n: int) -> np.ndarray:
+    """(n,) observation sent -> the first command received that was planned from it (JointCommand.chunk_obs_seq),
+    ns; NaN for observations no command was planned from (the runtime plans from one in replan_every_ticks)."""
+    row_of_tick = {int(k): i for i, k in enumerate(rec.tick[:n])}
+    first: dict[int, int] = {}
+    for t_recv, cmd in rec.commands.values():
+        if (i := row_of_tick.get(cmd.chunk_obs_seq)) is not None and cmd.rung != "hold":
+            first[i] = min(first.get(i, t_recv), t_recv)
+    out = np.full(n, np.nan)
+    for i, t in first.items():
+        out[i] = t - rec.t_sent_ns[i]
+    return out
+
+
+def hil_section(rec, cfg: HilConfig, ep, echo: str, robot: str, rtt_p50_ms: float | None) -> dict:
+    """The "hil" section: the port map, and observation sent -> command / chunk received (ms, with CIs), also
+    minus the network round trip's median (None when no probe was answered)."""
+    n = int(np.count_nonzero(rec.t_sent_ns)) if rec.interrupted else len(rec.t_sent_ns)
+    sent = ~np.asarray(rec.skipped[:n], dtype=bool) if rec.skipped is not None else np.ones(n, dtype=bool)
+    out = {"endpoint": cfg.endpoint, "robot_host": robot, "port_map": {**PORT_MAP},
+           "endpoints": {"obs": ep.obs, "chunks": ep.chunks, "commands": ep.commands, "ready": ep.ready,
+                         "status": ep.status, "echo": echo}, "curve": ep.curve_keys() is not None,
+           "network_median_ms": rtt_p50_ms}
+    for name, x_ns in (("obs_to_command", _obs_to_command_ns(rec, n)), ("obs_to_chunk", _obs_to_chunk_ns(rec, n))):
+        x_ns = np.where(sent, x_ns, np.nan)
+        out[f"{name}_ms"] = latency_summary_ms(x_ns)
+        out[f"{name}_ci95_ms"] = latency_ci_ms(x_ns, CONFIDENCE)
+        out[f"{name}_n"] = int(np.sum(np.isfinite(x_ns)))
+        shifted = x_ns - rtt_p50_ms * 1e6 if rtt_p50_ms is not None else np.full(n, np.nan)
+        out[f"{name}_minus_network_ms"] = latency_summary_ms(shifted)
+        out[f"{name}_minus_network_ci95_ms"] = latency_ci_ms(shifted, CONFIDENCE)
+    return out
+
+
+def _same_clock_stats(summary: dict) -> dict:
+    """A node's stats_summary without the histograms that mix its clock with ours."""
+    lat = {k: v for k, v in summary.get("latency_us", {}).items() if k not in CROSS_CLOCK_HISTOGRAMS}
+    return {**summary, "latency_us": lat}
+
+
+def _plots(report: dict, per_tick: dict, stages: dict, out: Path) -> None:
+    title = f"{report.get('log')} (HIL, runtime at {report['hil']['endpoint']})"
+    lat, deadline_ms = per_tick["latency_ms"], float(report["deadline_ms"])
+    miss = np.asarray(per_tick["outcome"]) != "on_time"
+    plot_histogram(lat, deadline_ms, out / PLOT_FILES[0], title)
+    plot_timeline(per_tick["t_s"], lat, miss, per_tick["rung"], deadline_ms, out / PLOT_FILES[1], title)
+    plot_stages(stages, HIL_STAGES, ("receive, plan, decode, publish (the runtime's clock is not ours)",),
+                out / PLOT_FILES[2], f"{title}: per-stage times")
