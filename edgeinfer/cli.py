@@ -12,6 +12,7 @@ from edgeinfer.control.loop import ControlConfig
 from edgeinfer.engines.build import BuildConfig
 from edgeinfer.engines.distill import DistillConfig
 from edgeinfer.engines.train import TrainConfig
+from edgeinfer.launch import LaunchConfig
 from edgeinfer.runtime import RuntimeConfig
 from edgeinfer.sim.hil import HilConfig
 from edgeinfer.sim.replay import ReplayConfig
@@ -24,6 +25,11 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("replay", help="replay a recorded arm log through runtime + control over ZeroMQ")
     p.add_argument("--launch", type=Path, default=None, help="TOML launch file filling these options")
     add_options(p, ReplayConfig)
+    p = sub.add_parser("launch", help="start and supervise the nodes of a TOML launch file (launch/*.toml); "
+                                      "exits non-zero when any node failed")
+    p.add_argument("file", type=Path, help="launch file: one table per node, named by its command ([serve], "
+                                           "[replay], ...), started in the file's order")
+    add_options(p, LaunchConfig)
     p = sub.add_parser("serve", help="run the runtime node (observations in, action chunks out)")
     add_options(p, RuntimeConfig, Endpoints)
     p = sub.add_parser("control", help="run the fixed-rate control loop node")
@@ -90,6 +96,10 @@ def _run(args, parser) -> int:
         if report["interrupted"]:
             return 130
         return 0 if all(code == 0 for code in report["process_exit_codes"].values()) else 1
+    if args.command == "launch":
+        from edgeinfer.launch import launch
+
+        return launch(args.file, build(LaunchConfig, args))
     if args.command == "serve":
         from edgeinfer.runtime import serve
 

@@ -318,12 +318,17 @@ def serve(cfg: RuntimeConfig, endpoints: transport.Endpoints, handshake_timeout_
 
         beacon = Beacon(out, "runtime", cfg.runtime_heartbeat_ms, cfg.runtime_lease_ms, control, tel, refresh)
         beacon.start()
-        start, mid_run = _handshake(runtime, obs_rx, out, ready, handshake_timeout_s, parent)
+        start, mid_run = _handshake(runtime, obs_rx, out, ready, handshake_timeout_s, parent, lambda: stop["flag"])
+        if start is None:  # a Stop or SIGTERM before the run began (a restart the run ended before): a clean exit
+            print("runtime: stopped before start", flush=True)
+            return 0
         if cfg.faults.active:  # after the warm-up: the engine slows down (or diverges) mid-run, not before
             runtime = faults.inject(runtime, cfg.faults)
         beacon.schedule = start
-        if mid_run and status_rx is not None:
-            _await_control(status_rx, obs_rx, control, handshake_timeout_s, parent)
+        if mid_run and status_rx is not None and not _await_control(status_rx, obs_rx, control, handshake_timeout_s,
+                                                                    parent, lambda: stop["flag"]):
+            print("runtime: stopped before serving", flush=True)
+            return 0
         replan_every, step_ns = runtime.chunk_timing(start.period_ns)
         policy_runtime = runtime if isinstance(runtime, PolicyRuntime) else None  # not a drill's wrapper
         if policy_runtime is not None:  # after the warm-up: the plan's cost samples, as histograms
@@ -401,15 +406,17 @@ def serve(cfg: RuntimeConfig, endpoints: transport.Endpoints, handshake_timeout_
         ctx.destroy(linger=0)
 
 
-def _handshake(runtime, obs_rx, out, ready, timeout_s: float, parent: ParentWatch) -> tuple[Start, bool]:
+def _handshake(runtime, obs_rx, out, ready, timeout_s: float, parent: ParentWatch,
+               stopped: Callable[[], bool] = lambda: False) -> tuple[Start | None, bool]:
     """Warm up, then publish Hellos on the chunk PUB (for its subscribers) until Start arrives.
 
     Returns (start, mid_run). A runtime (re)started after the run began never sees the Start: the
-    replayer's Heartbeat carries the same schedule, and mid_run is then True."""
+    replayer's Heartbeat carries the same schedule, and mid_run is then True. (None, False) when a Stop
+    arrives or stopped() (SIGTERM) turns true first."""
     runtime.warmup(runtime.warmup_observation())
     announced, i = False, 0
     deadline = now_ns() + int(timeout_s * 1e9)
-    while now_ns() < deadline:
+    while now_ns() < deadline and not stopped():
         parent.check()
         out.send(Hello("runtime", i, now_ns()))
         i += 1
@@ -421,23 +428,29 @@ def _handshake(runtime, obs_rx, out, ready, timeout_s: float, parent: ParentWatc
         elif isinstance(msg, Heartbeat) and msg.sender == "replayer" and msg.t0_ns >= 0:
             return Start(msg.t0_ns, msg.period_ns, msg.n_ticks), True
         elif isinstance(msg, Stop):
-            raise RuntimeError(f"stopped before start: {msg.reason}")
+            return None, False
+    if stopped():
+        return None, False
     raise TimeoutError("runtime: no Start message")
 
 
-def _await_control(status_rx, obs_rx, control: Lease, timeout_s: float, parent: ParentWatch) -> None:
+def _await_control(status_rx, obs_rx, control: Lease, timeout_s: float, parent: ParentWatch,
+                   stopped: Callable[[], bool] = lambda: False) -> bool:
     """Re-handshake of a runtime that joined mid-run: until the control loop's Heartbeat names this process as
     the runtime it hears (so its chunk SUB is subscribed here and no chunk is lost to the slow joiner).
-    Observations meanwhile are stale and dropped. Gives up with a warning after timeout_s."""
+    Observations meanwhile are stale and dropped. Gives up with a warning after timeout_s (True). False
+    when a Stop arrives or stopped() (SIGTERM) turns true first: the run ended before this runtime served."""
     deadline = now_ns() + int(timeout_s * 1e9)
     me = os.getpid()
     while now_ns() < deadline:
         parent.check()
         msg = status_rx.recv(transport.HELLO_PERIOD_MS)
-        obs_rx.drain()
+        if stopped() or any(isinstance(m, Stop) for m in obs_rx.drain()):
+            return False
         if isinstance(msg, Heartbeat):
             control.beat(msg, now_ns())
             if msg.peer_instance == me:
-                return
+                return True
     print(f"runtime: the control loop did not acknowledge this runtime within {timeout_s} s; serving anyway",
           flush=True)
+    return True

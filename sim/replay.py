@@ -248,14 +248,16 @@ def replay(cfg: ReplayConfig, console: Console | None = None) -> dict:
         with replay_progress(console, len(log), f"replaying at {log.rate_hz:.0f} Hz") as progress:
             sup = Supervisor(obs_pub, procs, cfg.kill_runtime_at_tick, cfg.restart_runtime_after_ms,
                              lambda: _spawn("serve", cfg.runtime, ep, cfg.out / "runtime.restarted.log"),
-                             cfg.garbage_per_row, status_rx, cfg.stall_runtime_at_tick, cfg.stall_runtime_ms)
+                             cfg.garbage_per_row, status_rx, cfg.stall_runtime_at_tick, cfg.stall_runtime_ms,
+                             spawn_cpus=cfg.runtime.runtime_cpus)
             rec = _stream(log, ticks, stride, obs_pub, cmd_rx, chunk_rx, deadline_ms, cfg.settle_ms, sup.on_row,
                           pacing=cfg, progress=progress)
             for s in previous:  # a second Ctrl-C must not lose the report of the first
                 signal.signal(s, signal.SIG_IGN)
-            transport.send(obs_pub, Stop("interrupted" if rec.interrupted else "end of log"))
+            stop = Stop("interrupted" if rec.interrupted else "end of log")
+            transport.send(obs_pub, stop)
             sup.join()
-            exit_codes = _finish(procs, cmd_rx, chunk_rx, rec, status_rx)
+            exit_codes = _finish(procs, cmd_rx, chunk_rx, rec, status_rx, resend=lambda: transport.send(obs_pub, stop))
     finally:
         if sup is not None:  # never leave a stalled (SIGSTOPped) runtime behind
             sup.release()
@@ -454,19 +456,31 @@ def _collect(cmd_rx, chunk_rx, rec: Recording, grabbed: list = ()) -> None:
     rec.malformed = cmd_rx.malformed + chunk_rx.malformed
 
 
-def _finish(procs, cmd_rx, chunk_rx, rec: Recording, status_rx=None, timeout_s: float = 10.0) -> dict[str, int]:
-    """Wait for both children to exit after Stop (terminate stragglers); return their exit codes.
+def _finish(procs, cmd_rx, chunk_rx, rec: Recording, status_rx=None, timeout_s: float = 10.0,
+            resend=None) -> dict[str, int]:
+    """Wait for both children to exit after Stop (terminate stragglers, then kill them); return their exit codes.
 
-    A child that died mid-run does not lose the run: its missing commands are already counted as
-    misses, and the report records the exit code. The newest Stats of each node (their last one is sent
-    at exit) land in rec.node_stats.
+    `resend()` sends the Stop again every 100 ms meanwhile: a runtime restarted near the end of the log may
+    subscribe only after the first one. A child that died mid-run does not lose the run: its missing commands
+    are already counted as misses, and the report records the exit code. The newest Stats of each node (their
+    last one is sent at exit) land in rec.node_stats.
     """
+    deadline = now_ns() + int(timeout_s * 1e9)
     for p in procs:
-        try:
-            p.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
+        while p.poll() is None and now_ns() < deadline:
+            if resend is not None:
+                resend()
+            try:
+                p.wait(timeout=0.1)
+            except subprocess.TimeoutExpired:
+                pass
+        if p.poll() is None:
             p.terminate()
-            p.wait(timeout=5)
+            try:
+                p.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
     _collect(cmd_rx, chunk_rx, rec)
     for msg in status_rx.drain() if status_rx is not None else []:
         if isinstance(msg, Stats):

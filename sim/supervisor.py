@@ -12,7 +12,7 @@ from typing import Callable
 import numpy as np
 import zmq
 
-from edgeinfer import transport
+from edgeinfer import clock, transport
 from edgeinfer.clock import now_ns, sleep_until
 from edgeinfer.wire import MAX_HEADER_BYTES, Heartbeat, Observation, Stats, encode
 
@@ -56,7 +56,7 @@ class Supervisor:
 
     def __init__(self, obs_pub, procs: list, kill_at_row: int | None, restart_after_ms: float | None,
                  spawn: Callable[[], object], garbage_per_row: int = 0, status_rx=None,
-                 stall_at_row: int | None = None, stall_ms: float | None = None):
+                 stall_at_row: int | None = None, stall_ms: float | None = None, spawn_cpus: list[int] | None = None):
         self.obs_pub, self.procs, self.kill_at_row = obs_pub, procs, kill_at_row
         self.stall_at_row = stall_at_row
         self.stall_ns = int(stall_ms * 1e6) if stall_ms is not None else 0
@@ -70,7 +70,7 @@ class Supervisor:
         self.garbage_per_row = garbage_per_row
         self.garbage_sent: dict[str, int] = {kind: 0 for kind in GARBAGE_KINDS}
         self.restart_after_ns = int(restart_after_ms * 1e6) if restart_after_ms is not None else None
-        self.spawn = spawn
+        self.spawn, self.spawn_cpus = spawn, spawn_cpus
         self.killed = None  # the killed process
         self.killed_row = self.killed_tick = -1  # the row (and its tick) after whose send it was killed
         self.t_kill_ns: int | None = None
@@ -139,6 +139,10 @@ class Supervisor:
                 rec.node_stats[msg.sender] = msg
 
     def _restart(self) -> None:
+        # This thread inherited the replayer's SCHED_FIFO priority and CPU, and a child inherits both from it:
+        # a new runtime would import torch at real-time priority on the replayer's CPU and stall the run.
+        clock.leave_realtime()
+        clock.pin_to_cpus(self.spawn_cpus)
         self.killed.wait()  # reaped before its successor binds the same port
         self.procs[0] = self.spawn()
 
