@@ -63,7 +63,11 @@ def run_scenario(log: ArmLog, sc: ReplayScenario, runtime: RuntimeConfig, out: P
         options["time_scale"] = sc.time_scale
     log_dir = write_schunk(scenario_log(log, sc), out / "log")
     rt = dataclasses.replace(runtime, warmup_chunks=sc.warmup_chunks)
-    cfg = ReplayConfig(log=log_dir, out=out, deadline_ms=sc.deadline_ms, runtime=rt, **options)
+    # nodes forked from a server that imported edgeinfer once (sim/forkserver.py): the same processes and
+    # sockets without an interpreter start and torch import per node and replay; no plots (the bench's
+    # figures come from ticks.csv and report.json)
+    cfg = ReplayConfig(log=log_dir, out=out, deadline_ms=sc.deadline_ms, runtime=rt, fork_nodes=True, plots=False,
+                       **options)
     report = replay(cfg, console or Console(quiet=True))
     latency_ms = _latencies_ms(out / "ticks.csv")
     return {

@@ -18,6 +18,7 @@ from edgeinfer.bench_e2e import REPLAY_TIME_SCALE, scenario_log
 from edgeinfer.bench_figures import TAIL_KEYS, compare
 from edgeinfer.bench_report import markdown
 from edgeinfer.bench_scenarios import ReplayScenario, load_scenarios
+from edgeinfer.cli import main as edgeinfer_cli
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[1]
@@ -30,6 +31,18 @@ def result(schunk_dir, tmp_path_factory):
     res = run_bench(cfg, console=Console(quiet=True), command=["edgeinfer", "bench", "--scenarios", "quick"])
     assert json.loads((tmp / "bench.json").read_text()) == json.loads(json.dumps(res))  # the JSON is the result
     return res
+
+
+def _cli(capsys, *argv: str) -> tuple[int, str, str]:
+    """`edgeinfer ARGV` run in this process through the console script's entry (edgeinfer.cli.main), without
+    a fresh interpreter's seconds of imports: (exit code, stdout, stderr)."""
+    capsys.readouterr()
+    try:
+        code = edgeinfer_cli(list(argv))
+    except SystemExit as e:  # argparse: -h, usage errors
+        code = e.code
+    out = capsys.readouterr()
+    return code, out.out, out.err
 
 
 def _fig(result, scenario, ruler, decode, stat):
@@ -150,7 +163,7 @@ def test_ratios_are_value_over_target_only_and_over_the_floor(result):
     assert checked >= 10 and floors >= 10
 
 
-def test_markdown_and_compare_are_computed_from_the_json(result, tmp_path):
+def test_markdown_and_compare_are_computed_from_the_json(result, tmp_path, capsys):
     md = markdown(result)
     for ruler in ("time to first action", "time per output token", "chunk throughput", "latency",
                   "deadline miss rate", "token agreement with target-only", "zmq round trip", "wake error"):
@@ -170,10 +183,9 @@ def test_markdown_and_compare_are_computed_from_the_json(result, tmp_path):
     base, new = tmp_path / "base.json", tmp_path / "new.json"
     base.write_text(json.dumps(result))
     new.write_text(json.dumps(result))
-    proc = subprocess.run([sys.executable, "-m", "edgeinfer", "bench", "--compare", str(base), "--current", str(new)],
-                          capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr
-    assert "verdict: ok" in proc.stdout
+    code, out, err = _cli(capsys, "bench", "--compare", str(base), "--current", str(new))
+    assert code == 0, err
+    assert "verdict: ok" in out
     readme = tmp_path / "README.md"
     readme.write_text("# x\n<!-- bench-table:cpu -->\nold\n<!-- /bench-table:cpu -->\nrest\n")
     proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "perf_table.py"), str(base), "--readme",
@@ -193,7 +205,7 @@ def test_idle_gap_log_stays_on_the_tick_grid():
     assert set(jumps.tolist()) == {1, 1 + 75} and np.sum(jumps > 1) == 4  # 5 bursts, 4 gaps of 75 ticks
 
 
-def test_bad_scenarios_and_options_are_clear_errors(tmp_path):
+def test_bad_scenarios_and_options_are_clear_errors(tmp_path, capsys):
     bad = tmp_path / "bad.toml"
     bad.write_text("[[replay]]\nname = 'x'\nsecondz = 1.0\n")
     with pytest.raises(ValueError, match=r"bad.toml: \[\[replay\]\] #1: unknown keys \['secondz'\]"):
@@ -201,13 +213,10 @@ def test_bad_scenarios_and_options_are_clear_errors(tmp_path):
     bad.write_text("[[replay]]\nname = 'x'\nburst_s = 1.0\n")
     with pytest.raises(ValueError, match="burst_s and gap_s go together"):
         load_scenarios(str(bad))
-    proc = subprocess.run([sys.executable, "-m", "edgeinfer", "bench", "--scenarios", "nope"], capture_output=True,
-                          text=True, timeout=120)
-    assert proc.returncode == 2 and "scenarios file not found" in proc.stderr and "quick" in proc.stderr
-    proc = subprocess.run([sys.executable, "-m", "edgeinfer", "bench", "--log", str(tmp_path / "missing")],
-                          capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 2 and "log directory not found" in proc.stderr
+    code, _, err = _cli(capsys, "bench", "--scenarios", "nope")
+    assert code == 2 and "scenarios file not found" in err and "quick" in err
+    code, _, err = _cli(capsys, "bench", "--log", str(tmp_path / "missing"))
+    assert code == 2 and "log directory not found" in err
     for suite in ("engines", "spec"):  # the suites keep their own parsers
-        proc = subprocess.run([sys.executable, "-m", "edgeinfer", "bench", suite, "-h"], capture_output=True,
-                              text=True, timeout=120)
-        assert proc.returncode == 0 and f"edgeinfer bench {suite}" in proc.stdout
+        code, out, _ = _cli(capsys, "bench", suite, "-h")
+        assert code == 0 and f"edgeinfer bench {suite}" in out
