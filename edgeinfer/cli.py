@@ -16,6 +16,7 @@ from edgeinfer.launch import LaunchConfig
 from edgeinfer.runtime import RuntimeConfig
 from edgeinfer.sim.hil import HilConfig
 from edgeinfer.sim.replay import ReplayConfig
+from edgeinfer.sim.sweep import SweepConfig
 from edgeinfer.transport import Endpoints
 
 
@@ -46,6 +47,11 @@ def main(argv: list[str] | None = None) -> int:
                                    "runtime on another host (`edgeinfer serve` there; tcp://HOST:PORT is its chunk "
                                    "publisher, the run uses ports PORT..PORT+5); separates network from inference")
     add_options(p, HilConfig)
+    p = sub.add_parser("sweep", help="many replays (logs x configurations from a TOML file, e.g. "
+                                     "benchmarks/sweep.toml) as Ray tasks, on a cluster (--address) or local Ray; "
+                                     "one table of the results (needs the `sweep` extra)")
+    p.add_argument("file", type=Path, help="sweep file: [sweep] logs, out; [base]; [configs.NAME]; [grid]")
+    add_options(p, SweepConfig)
     p = sub.add_parser("compare", help="compare two replay reports (A = baseline, B = candidate) figure by "
                                        "figure, with verdicts from the confidence intervals")
     p.add_argument("a", type=Path, metavar="A.json")
@@ -155,6 +161,11 @@ def _run(args, parser) -> int:
         report = hil(cfg)
         print(f"wrote {cfg.out}/: report.json, ticks.csv, latency_histogram.png, latency.png, stages.png, control.log")
         return 130 if report["interrupted"] else (0 if report["process_exit_codes"]["control"] == 0 else 1)
+    if args.command == "sweep":
+        from edgeinfer.sim.sweep import sweep
+
+        rows = sweep(args.file, build(SweepConfig, args))
+        return 0 if all(r["status"] == "ok" for r in rows) else 1
     if args.command == "keys":
         from edgeinfer.keys import make_keys
 
