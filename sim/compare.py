@@ -10,7 +10,9 @@ holds) or "not judged" (no interval or counts to test):
 - miss rate, outcomes (late, lost, hold), ticks per rung, acceptance rate: Fisher's exact test on the
   counts, one-sided in each direction at ALPHA;
 - max latency: Rosenbaum's exceedance test on the 1 us histograms (how many of B's ticks lie above A's
-  maximum, and the reverse), one-sided in each direction at ALPHA.
+  maximum, and the reverse), one-sided in each direction at ALPHA;
+- what injected faults did (observations dropped on the network, ticks held in a killed runtime's gap, misses
+  while the runtime was stalled; 0 for a run without that fault): Fisher's exact test on the counts, as above.
 
 Every figure is a separate test at ALPHA, so with some twenty figures a clean rerun is flagged somewhere
 now and then; a regression that matters shows in several figures or again on a rerun.
@@ -120,6 +122,19 @@ def _row(figure: str, va, vb, verdict: tuple[str, str], unit: str = "") -> dict:
             "test": verdict[1]}
 
 
+def _dropped(report: dict) -> int | None:
+    counts = _get(report, "replayer", "faults", "counts")
+    return None if not isinstance(counts, dict) else int(counts.get("dropped", 0) + counts.get("burst_dropped", 0))
+
+
+# figure -> its count in a report (None: that fault was not injected, counted as 0 against a run that had it)
+FAULT_FIGURES = {
+    "observations dropped": _dropped,
+    "ticks held in a runtime gap": lambda r: _get(r, "runtime_fault", "ticks_held"),
+    "misses while the runtime stalled": lambda r: _get(r, "runtime_stall", "window", "during", "misses"),
+}
+
+
 def compare(a: dict, b: dict, alpha: float = ALPHA) -> list[dict]:
     """Rows {figure, unit, a, b, ratio (B/A or None), verdict, test} for two report dicts (A = baseline).
 
@@ -148,6 +163,11 @@ def compare(a: dict, b: dict, alpha: float = ALPHA) -> list[dict]:
         ka, kb = _get(a, "fallbacks", rung) or 0, _get(b, "fallbacks", rung) or 0
         direction = {"full": False, "hold": True}.get(rung)  # middle rungs: no direction
         rows.append(_row(f"ticks served by {rung}", ka, kb, _by_counts(ka, n_a, kb, n_b, direction, alpha)))
+    for figure, count in FAULT_FIGURES.items():
+        ka, kb = count(a), count(b)
+        if ka is not None or kb is not None:
+            ka, kb = ka or 0, kb or 0
+            rows.append(_row(figure, ka, kb, _by_counts(ka, n_a, kb, n_b, True, alpha)))
     for key in ("p50", "p99"):
         va, vb = _get(a, "chunks", "time_to_chunk_ms", key), _get(b, "chunks", "time_to_chunk_ms", key)
         if va is not None or vb is not None:
