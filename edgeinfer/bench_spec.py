@@ -233,13 +233,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--per-run", type=int, default=12, help="consecutive chunks per held-out run (20 runs)")
     ap.add_argument("--backend", default="torch", help="target engine backend (default torch, the reference)")
     ap.add_argument("--drafters", default=None, help="comma separated (default: every registered drafter)")
+    ap.add_argument("--ks", default=None, help="comma separated speculation lengths of the fixed-k rows "
+                                               f"(default {','.join(map(str, KS))}); the adaptive rows choose "
+                                               "up to the largest")
     ap.add_argument("--no-peer", action="store_true", help="skip the Hugging Face assisted-generation peer")
     args = ap.parse_args(argv)
     if args.per_run < 1:
         ap.error(f"--per-run must be >= 1, got {args.per_run}")
     drafters = tuple(args.drafters.split(",")) if args.drafters else None
-    result = bench_spec(data_dir=args.data_dir, per_run=args.per_run, drafters=drafters, backend=args.backend,
-                        peer=not args.no_peer)
+    try:
+        ks = tuple(int(k) for k in args.ks.split(",")) if args.ks else KS
+    except ValueError:
+        ap.error(f"--ks must be comma separated integers, got {args.ks!r}")
+    if min(ks) < 1:
+        ap.error(f"--ks must all be >= 1, got {args.ks!r}")
+    result = bench_spec(data_dir=args.data_dir, per_run=args.per_run, drafters=drafters, ks=ks,
+                        backend=args.backend, peer=not args.no_peer)
     print_table(result)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -1,12 +1,11 @@
 """`edgeinfer bench spec`: a seconds-long run on held-out real runs; structure and consistency, never timings."""
 import json
-import subprocess
-import sys
 
 import pytest
 from rich.console import Console
 
 from edgeinfer.bench_spec import bench_spec
+from edgeinfer.cli import main as edgeinfer_cli
 
 
 @pytest.fixture(scope="module")
@@ -34,14 +33,22 @@ def test_rows_are_complete_and_consistent(result):
         assert r["tokens_per_s"] > 0 and r["action_rmse_rad"] > 0
 
 
-def test_cli_writes_one_entry_per_row(schunk_dir, tmp_path):
+def test_cli_writes_one_entry_per_row(schunk_dir, tmp_path, capsys):
+    # `edgeinfer bench spec ...` through the console script's entry, in this process (no fresh interpreter)
     out = tmp_path / "spec.json"
-    proc = subprocess.run([sys.executable, "-m", "edgeinfer", "bench", "spec", "--data-dir", str(schunk_dir),
-                           "--per-run", "1", "--drafters", "kinematic", "--no-peer", "--json", str(out)],
-                          capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr
+    code = edgeinfer_cli(["bench", "spec", "--data-dir", str(schunk_dir), "--per-run", "1", "--drafters", "kinematic",
+                          "--ks", "1,4", "--no-peer", "--json", str(out)])
+    assert code == 0
     rows = json.loads(out.read_text())
     assert isinstance(rows, list) and len(rows) >= 5
     for r in rows:
         assert {"name", "tokens_per_s", "target_passes_per_chunk", "acceptance_rate", "exact"} <= set(r)
-    assert "target-only" in proc.stdout
+    assert any(r["name"] in ("kinematic k=1", "kinematic k=4") for r in rows)  # the --ks asked for
+    assert not any(r["name"].startswith("kinematic k=") and r["k"] not in (1, 4) for r in rows)
+    assert "target-only" in capsys.readouterr().out
+
+
+def test_cli_rejects_bad_ks(capsys):
+    with pytest.raises(SystemExit) as e:
+        edgeinfer_cli(["bench", "spec", "--ks", "1,x"])
+    assert e.value.code == 2 and "--ks must be comma separated integers" in capsys.readouterr().err
