@@ -28,6 +28,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -48,6 +49,7 @@ from edgeinfer.sim.replay import (
     _spawn,
     _stream,
     check_run_fits,
+    first_seconds,
     load_log,
     policy_shape,
     reader_options,
@@ -118,8 +120,6 @@ class HilConfig:
         self.out, self.policy = Path(self.out), Path(self.policy)
         self.curve_dir = Path(self.curve_dir) if self.curve_dir is not None else None
         parse_endpoint(self.endpoint)
-        if self.duration_s is not None and not self.duration_s > 0:
-            raise ValueError(f"HilConfig.duration_s must be > 0, got {self.duration_s}")
         if not 10 <= self.rtt_before <= 100_000:
             raise ValueError(f"HilConfig.rtt_before must be in 10..100000, got {self.rtt_before}")
         if not 1 <= self.rtt_period_ms <= 10_000:
@@ -194,8 +194,7 @@ def hil(cfg: HilConfig, console: Console | None = None) -> dict:
     rcfg = cfg.replay_config()
     log = load_log(rcfg.log, rcfg.log_format, **reader_options(rcfg))
     if cfg.duration_s is not None:
-        n = max(1, int(np.searchsorted(log.t_s, log.t_s[0] + cfg.duration_s, side="left")))
-        log = dataclasses.replace(log, t_s=log.t_s[:n], q_rad=log.q_rad[:n], qd_rad_s=log.qd_rad_s[:n])
+        log = first_seconds(log, cfg.duration_s)
     policy = policy_shape(rcfg.runtime, log)
     deadline_ms = cfg.deadline_ms if cfg.deadline_ms is not None else scaled_period_ns(log.period_ns,
                                                                                          cfg.time_scale) / 1e6
@@ -212,10 +211,15 @@ def hil(cfg: HilConfig, console: Console | None = None) -> dict:
     rt_warning = clock.enter_realtime(cfg.control.control_cpus, cfg.replayer_priority)
     ctx = zmq.Context()
     auth = transport.start_authenticator(ctx, keys)
+    obs_pub, stopped = None, False
     try:
-        obs_pub = transport.pub(ctx, ep.obs, bind=True, curve=keys)
-        cmd_rx = transport.Receiver(transport.pull(ctx, ep.commands, bind=True, hwm=10_000, curve=keys))
-        ready_rx = transport.Receiver(transport.pull(ctx, ep.ready, bind=True, curve=keys))
+        try:
+            obs_pub = transport.pub(ctx, ep.obs, bind=True, curve=keys)
+            cmd_rx = transport.Receiver(transport.pull(ctx, ep.commands, bind=True, hwm=10_000, curve=keys))
+            ready_rx = transport.Receiver(transport.pull(ctx, ep.ready, bind=True, curve=keys))
+        except zmq.ZMQError as e:
+            raise OSError(f"cannot bind the robot side's sockets ({e}): another run on ports PORT+2..PORT+5 of "
+                          f"{cfg.endpoint}?") from None
         chunk_rx = transport.Receiver(transport.sub(ctx, ep.chunks, hwm=10_000, curve=keys))
         status_rx = transport.Receiver(transport.sub(ctx, ep.status, hwm=10_000, curve=keys))
         with console.status(f"waiting for the runtime at {cfg.endpoint} and the local control loop"):
@@ -236,10 +240,13 @@ def hil(cfg: HilConfig, console: Console | None = None) -> dict:
                           pacing=rcfg, progress=bar)
         for s in previous:  # a second Ctrl-C must not lose the report of the first
             signal.signal(s, signal.SIG_IGN)
-        transport.send(obs_pub, Stop("interrupted" if rec.interrupted else "end of log"))
+        stopped = transport.send(obs_pub, Stop("interrupted" if rec.interrupted else "end of log"))
         during = _stop_prober(prober, cfg.out / "rtt_during.npy", cfg.rtt_timeout_ms / 1000)
         exit_code = _finish_control(control, cmd_rx, chunk_rx, status_rx, rec)
     finally:
+        if obs_pub is not None and not stopped:  # a failed start: the remote runtime need not wait for its timeout
+            transport.send(obs_pub, Stop("hil failed on the robot side"))
+            time.sleep(0.1)  # LINGER 0: give the Stop a moment to leave before the context goes
         for p in (control, prober):
             if p.poll() is None:
                 p.kill()

@@ -2,6 +2,7 @@
 the port map asks of another host), and `edgeinfer hil` replays a real Schunk recording against it."""
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -13,13 +14,13 @@ from edgeinfer.sim.hil import PORT_MAP, HilConfig, hil_endpoints, hil_serve_comm
 
 
 def _free_port_block(n: int) -> int:
-    """A base port P with P..P+n-1 all free on 127.0.0.1 (held open together while checked)."""
+    """A base port P with P..P+n-1 all free on 127.0.0.1 (held open together while checked), below the kernel's
+    ephemeral range: a ZMQ socket that keeps reconnecting to a port of that range on its own host can be given
+    that very port as its source and connect to itself (TCP simultaneous open), which then blocks the bind."""
+    lowest_ephemeral = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
+    rng = random.Random()
     for _ in range(50):
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            base = probe.getsockname()[1]
-        if base + n > 65535:
-            continue
+        base = rng.randrange(10_000, lowest_ephemeral - n)
         socks = []
         try:
             for p in range(base, base + n):
