@@ -147,6 +147,10 @@ def run_bench(cfg: BenchConfig, sc: Scenarios | None = None, console: Console | 
     repeats = cfg.repeats or sc.repeats
     seed = sc.seed if cfg.seed is None else cfg.seed
     t_start = time.perf_counter()
+    if sc.replay:  # the e2e nodes' fork server imports while we load; ready before the first measurement
+        from edgeinfer.sim import forkserver
+
+        forkserver.start(wait=False)
     policy = load_policy()
     logs, source = _logs(cfg, console)
     d = policy.cfg.n_joints
@@ -180,6 +184,8 @@ def run_bench(cfg: BenchConfig, sc: Scenarios | None = None, console: Console | 
     log_line = lambda text: console.print(text, highlight=False)  # noqa: E731
 
     # floors first: nothing else of ours is running
+    if sc.replay:
+        forkserver.start(wait=True)
     payload = observation_payload_bytes(d)
     fl = sc.floors
     floors = [measure_floors(payload, logs[0].period_ns, fl.round_trips, fl.idle_gap_ms, fl.idle_round_trips,

@@ -75,6 +75,7 @@ class _Client:
         self.codes: dict[int, int] = {}
         self.exited = threading.Condition()
         self.replies: queue.Queue = queue.Queue()
+        self.ready = threading.Event()  # the server has imported PRELOAD
         self.lock = threading.Lock()
         threading.Thread(target=self._read, name="forkserver-reader", daemon=True).start()
 
@@ -95,13 +96,28 @@ class _Client:
     def _read(self) -> None:
         for line in self.proc.stdout:
             msg = json.loads(line)
-            if "exit" in msg:
+            if "ready" in msg:
+                self.ready.set()
+            elif "exit" in msg:
                 with self.exited:
                     self.codes[msg["exit"]] = msg["code"]
                     self.exited.notify_all()
             else:
                 self.replies.put(msg)
         self.replies.put({"error": f"the fork server exited with code {self.proc.wait()}"})
+        self.ready.set()
+
+
+def start(wait: bool = True, timeout_s: float = START_TIMEOUT_S) -> None:
+    """Start this process's fork server now (ForkedNode otherwise starts it on first use) and, with wait,
+    block until it has imported what the nodes share, so that its imports do not overlap what the caller
+    measures next. Raises TimeoutError when it is not ready within timeout_s, RuntimeError when it died."""
+    client = _server()
+    if wait:
+        if not client.ready.wait(timeout_s):
+            raise TimeoutError(f"fork server (pid {client.proc.pid}) not ready after {timeout_s} s")
+        if client.proc.poll() is not None:
+            raise RuntimeError(f"fork server exited with code {client.proc.returncode} while importing {PRELOAD}")
 
 
 _client: _Client | None = None
@@ -124,6 +140,7 @@ def serve_forks(preload: str) -> None:
     replies = os.fdopen(os.dup(1), "wb", buffering=0)
     os.dup2(2, 1)  # a stray print of an import must not corrupt the replies
     importlib.import_module(preload)
+    replies.write(b'{"ready": true}\n')
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
     signal.set_wakeup_fd(wake_w)
