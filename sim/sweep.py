@@ -210,11 +210,14 @@ def sweep(path: Path, cfg: SweepConfig, console: Console | None = None) -> list[
     """Run every replay of the sweep file as a Ray task (joining cfg.address, the Ray already initialised in this
     process, or a local Ray started here and stopped at the end); write OUT/sweep.json (rows with their reports)
     and OUT/sweep.csv; print the table. Returns the rows in plan order. Ctrl-C cancels the runs not finished and
-    still writes the table (their rows: failed, "cancelled"). Raises ValueError for a bad sweep file, ImportError
-    without Ray (`pip install edgeinfer[sweep]`)."""
+    still writes the table (their rows: failed, "cancelled"). Raises ValueError for a bad sweep file or more CPUs
+    per task than any Ray node has, RuntimeError without Ray (`pip install edgeinfer[sweep]`)."""
     console = console or Console()
     runs, out = plan(path, cfg.out)
-    import ray
+    try:
+        import ray
+    except ImportError:
+        raise RuntimeError("edgeinfer sweep needs Ray: pip install 'edgeinfer[sweep]'") from None
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     started = not ray.is_initialized()
