@@ -1,0 +1,186 @@
+"""`edgeinfer launch`: launch files checked before anything starts; the acceptance run (a real Schunk log with
+drops, a runtime stall and a kill + restart) through the real command, compared with a clean run; a node that
+fails tears the launch down; Ctrl-C tears it down. Every launch runs as a real process on real sockets."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from edgeinfer.launch import load_nodes
+from edgeinfer.transport import Endpoints
+
+ROOT = Path(__file__).resolve().parents[1]
+MEASUREMENT = ROOT.parent / "shared" / "data" / "schunk_lwa4p" / "measurement_1"
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def _launch(path: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "edgeinfer", "launch", str(path), *args], capture_output=True,
+                          text=True, timeout=timeout, env={**os.environ, "COLUMNS": "200"})
+
+
+def _pids(output: str) -> dict[str, int]:
+    """node -> pid from the launcher's status lines ("serve (pid 123): ...")."""
+    return {m.group(1): int(m.group(2)) for m in re.finditer(r"^(\w+) \(pid (\d+)\)", output, re.M)}
+
+
+def _alive(pid: int) -> bool:
+    """True while /proc has a process (not a zombie) with this pid."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+
+
+def _serve_table(ep: Endpoints) -> str:
+    # the null policy: a chunk per observation at no cost, ready as soon as the process has imported edgeinfer
+    return (f'[serve]\nobs = "{ep.obs}"\nchunks = "{ep.chunks}"\ncommands = "{ep.commands}"\nready = "{ep.ready}"\n'
+            'null_policy = true\n')
+
+
+def test_shipped_launch_files_parse_and_keep_working_with_replay_launch():
+    from edgeinfer.sim.replay import ReplayConfig
+
+    from edgeinfer.config_cli import build, load_launch
+
+    launch = ROOT / "launch"
+    kinds = {name: [n.command for n in load_nodes(launch / f"{name}.toml")]
+             for name in ("replay", "faults", "acceptance", "acceptance_clean", "serve", "hil")}
+    assert kinds["serve"] == ["serve"] and kinds["hil"] == ["serve", "hil"] and kinds["acceptance"] == ["replay"]
+    for name in ("replay", "faults", "acceptance", "acceptance_clean"):  # `edgeinfer replay --launch FILE`
+        cfg = build(ReplayConfig, argparse.Namespace(), load_launch(launch / f"{name}.toml", "replay"), launch)
+        assert cfg.log == MEASUREMENT.resolve()
+    acceptance = build(ReplayConfig, argparse.Namespace(), load_launch(launch / "acceptance.toml", "replay"), launch)
+    assert acceptance.faults.drop_rate == 0.01 and acceptance.stall_runtime_ms == 20.0
+    assert acceptance.kill_runtime_at_tick is not None and acceptance.restart_runtime_after_ms is not None
+    assert acceptance.slo
+    serve = load_nodes(launch / "serve.toml")[0]
+    assert serve.ready_endpoint == "tcp://127.0.0.1:5602" and not serve.task
+    assert "--budget-ms" in serve.argv and "--chunks" in serve.argv
+
+
+def test_bad_launch_file_is_refused_naming_table_and_key(tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[replay]\nlog = "x"\nstall_runtime_ms = "long"\n')
+    with pytest.raises(ValueError, match=r"\[replay\].*stall_runtime_ms"):
+        load_nodes(bad)
+    bad.write_text('[serve]\nbudget = 3\n')
+    with pytest.raises(ValueError, match=r"\[serve\]: unknown keys \['budget'\]"):
+        load_nodes(bad)
+    bad.write_text('[replay]\n[srve]\n')
+    with pytest.raises(ValueError, match=r"unknown table\(s\) \['srve'\]"):
+        load_nodes(bad)
+    result = _launch(bad, timeout=60)  # the command: exit 2, the error on stderr, nothing started
+    assert result.returncode == 2 and "srve" in result.stderr and "pid" not in result.stdout
+
+
+def _acceptance_toml(path: Path, out: Path, faulty: bool) -> Path:
+    # A short acceptance run: the first 2.4 s of the real measurement (600 rows at 250 Hz)
+    text = f'[replay]\nlog = "{MEASUREMENT}"\nout = "{out}"\nduration_s = 2.4\nslo = "p99<=5ms,miss<=5%"\n'
+    if faulty:
+        text += ("stall_runtime_at_tick = 150\nstall_runtime_ms = 20.0\nkill_runtime_at_tick = 400\n"
+                 "restart_runtime_after_ms = 100.0\n[replay.faults]\ndrop_rate = 0.01\nfault_seed = 1\n")
+    path.write_text(text)
+    return path
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not MEASUREMENT.is_dir(), reason=f"real Schunk data not found at {MEASUREMENT}")
+def test_acceptance_run_through_launch_reports_faults_and_compare_flags_them(tmp_path):
+    faulty = _launch(_acceptance_toml(tmp_path / "faulty.toml", tmp_path / "faulty", True),
+                     "--log-dir", str(tmp_path / "logs_faulty"))
+    assert faulty.returncode == 0, faulty.stdout[-3000:] + faulty.stderr[-3000:]
+    report = json.loads((tmp_path / "faulty" / "report.json").read_text())
+    # what was injected, listed in one place: the drops, the stall (as long as asked), the kill and the restart
+    injected = report["injected"]
+    assert injected["network"]["seed"] == 1 and injected["network"]["counts"]["dropped"] >= 0
+    assert set(report["replayer"]["faults"]["rows"]).issubset({"dropped"})
+    assert injected["runtime_stall"]["done_at_row"] == 150 and injected["runtime_stall"]["stopped_ms"] >= 20.0
+    assert injected["runtime_kill"] == {"at_row": 400, "restart_after_ms": 100.0, "done_at_row": 400,
+                                        "restarted": True}
+    # their effects: holds while the runtime was stopped, and in the gap the kill left
+    stall = report["runtime_stall"]
+    assert stall["resumed"] and stall["window"]["during"]["rows"] >= 4
+    assert stall["window"]["during"]["misses"] > 0
+    assert report["runtime_fault"]["killed_exit_code"] == -9 and report["runtime_fault"]["ticks_held"] > 0
+    assert report["process_exit_codes"] == {"runtime": 0, "control": 0}  # the restarted one stopped cleanly
+    # intervals and a verdict
+    assert report["observations_sent"] == 600
+    lo, hi = report["miss_rate_ci95"]
+    assert lo <= report["miss_rate"] <= hi
+    assert len(report["latency_ci95_ms"]["p50"]) == 2 and report["latency_ci95_ms"]["p99"] is not None
+    assert report["slo"]["verdict"] in ("VALID", "INVALID") and report["slo"]["objective"] == "p99<=5ms,miss<=5%"
+    for name in ("latency_histogram.png", "latency.png", "stages.png"):
+        data = (tmp_path / "faulty" / name).read_bytes()
+        assert data[:8] == PNG_MAGIC and data[12:16] == b"IHDR" and len(data) > 10_000, name
+
+    clean = _launch(_acceptance_toml(tmp_path / "clean.toml", tmp_path / "clean", False),
+                    "--log-dir", str(tmp_path / "logs_clean"))
+    assert clean.returncode == 0, clean.stdout[-3000:] + clean.stderr[-3000:]
+    base = json.loads((tmp_path / "clean" / "report.json").read_text())
+    assert base["injected"] == {"network": None, "runtime_stall": None, "runtime_kill": None, "garbage_per_row": None}
+
+    out = tmp_path / "compare.json"
+    cmp = subprocess.run([sys.executable, "-m", "edgeinfer", "compare", str(tmp_path / "clean" / "report.json"),
+                          str(tmp_path / "faulty" / "report.json"), "--json", str(out)], capture_output=True,
+                         text=True, timeout=120)
+    assert cmp.returncode == 0, cmp.stderr
+    verdict = {r["figure"]: r["verdict"] for r in json.loads(out.read_text())["rows"]}
+    assert verdict["miss rate"] == "worse" and verdict["ticks hold"] == "worse"
+    assert verdict["ticks held in a runtime gap"] == "worse"
+    assert "observations dropped" in verdict and "misses while the runtime stalled" in verdict
+
+
+@pytest.mark.slow
+def test_node_failing_at_start_up_fails_the_launch_and_leaves_no_process(tmp_path):
+    ep = Endpoints.free_loopback()
+    path = tmp_path / "fail.toml"
+    # the runtime comes up; the replay after it fails at once (no such log), so the runtime must be torn down
+    path.write_text(_serve_table(ep) + f'[replay]\nlog = "{tmp_path / "missing"}"\nout = "{tmp_path / "out"}"\n')
+    result = _launch(path, "--log-dir", str(tmp_path / "logs"), "--grace-s", "20")
+    assert result.returncode == 1, result.stdout
+    pids = _pids(result.stdout)
+    assert set(pids) == {"serve", "replay"}
+    assert "replay exited with code 2" in result.stdout and "missing" in result.stdout  # its log's tail
+    assert not any(_alive(p) for p in pids.values())
+    # SIGTERM was enough: the runtime stopped before a run began exits cleanly, within the grace period
+    assert re.search(r"serve\s.*stopped\s.*\s0\s", result.stdout), result.stdout
+
+
+@pytest.mark.slow
+def test_sigint_tears_the_launch_down(tmp_path):
+    ep = Endpoints.free_loopback()
+    path = tmp_path / "serve.toml"
+    path.write_text(_serve_table(ep))
+    proc = subprocess.Popen([sys.executable, "-m", "edgeinfer", "launch", str(path), "--log-dir", str(tmp_path)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "COLUMNS": "200"})
+    lines = []
+    try:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline:  # the launcher says so once the runtime's Hello arrived
+            line = proc.stdout.readline()
+            lines.append(line)
+            if "ready after" in line or not line:
+                break
+        assert "ready after" in lines[-1], "".join(lines)
+        serve_pid = _pids("".join(lines))["serve"]
+        assert _alive(serve_pid)
+        proc.send_signal(signal.SIGINT)
+        rest, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, "".join(lines) + rest
+    assert "interrupted" in rest
+    assert not _alive(serve_pid)
