@@ -72,8 +72,12 @@ class NullRuntimeNode:
         """(n,) int64 ns from publishing an Observation to decoding its ActionChunk."""
         out = np.empty(n, dtype=np.int64)
         for i in range(-warmup, n):
-            if idle_gap_ms > 0 and i >= 0:
-                time.sleep(idle_gap_ms / 1000)
+            # Between observations the runtime's Heartbeats and Stats keep arriving on the chunk SUB; a control
+            # loop reads them as they come, so they are read here too, before the clock starts.
+            gap_end_ns = time.perf_counter_ns() + (int(idle_gap_ms * 1e6) if i >= 0 else 0)
+            while (left_ns := gap_end_ns - time.perf_counter_ns()) > 0:
+                self.chunks.recv(max(1, left_ns // 1_000_000))
+            self.chunks.drain()
             self.seq += 1
             obs = _observation(self.seq)
             t = time.perf_counter_ns()

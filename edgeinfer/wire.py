@@ -12,11 +12,13 @@ CLOCK_MONOTONIC (`time.perf_counter_ns()` on Linux), which every process on one 
 """
 
 import math
+import re
 import typing
 from dataclasses import dataclass, fields
-from typing import Any, ClassVar, Sequence
+from typing import Annotated, Any, ClassVar, Literal, Sequence
 
 import msgpack
+import msgspec
 import numpy as np
 
 RUNGS = ("full", "partial", "draft", "continue", "hold")
@@ -24,10 +26,8 @@ MAX_HEADER_BYTES = 64 * 1024  # headers are a few hundred bytes; anything bigger
 MAX_FRAMES = 16
 _DTYPE = "<f8"  # the only array dtype on the wire: joint-space data is float64, little-endian
 _DIM_BOUNDS = {"D": (1, 32), "H": (0, 256)}  # inclusive; D = joints, H = chunk steps
-# unpackb has no max_buffer_size; the header is capped by MAX_HEADER_BYTES before unpacking.
-_UNPACK_LIMITS = dict(max_str_len=4096, max_bin_len=0, max_array_len=64, max_map_len=64, max_ext_len=0)
-_INT64 = (-(2**63), 2**63 - 1)
-MAX_STR = 4096  # UTF-8 bytes in any string field (msgpack's max_str_len on decode)
+MAX_STR = 4096  # characters in any string field
+MAX_ITEMS = 64  # entries in a map field (Stats counters, histograms) and ints in a histogram
 # What was wrong with a rejected message, for per-kind counters (WireError.kind):
 #   garbage: not msgpack / not a map; truncated: a header or array frame cut short; oversize: a header over
 #   MAX_HEADER_BYTES or an array frame too long; frames: wrong frame count; schema: unknown schema;
@@ -189,74 +189,74 @@ _REGISTRY = {cls.SCHEMA: cls for cls in (Observation, ActionChunk, JointCommand,
                                          ErrorEvent, Stats)}
 
 
-# Per-class tables, computed once: decode runs on every message of the control path.
-_SCALARS = {cls: tuple((f.name, f.type) for f in fields(cls) if f.name not in cls.ARRAYS) for cls in _REGISTRY.values()}
-_EXPECTED = {cls: frozenset({"schema", "version", "arrays", *(n for n, _ in _SCALARS[cls])})
-             for cls in _REGISTRY.values()}
-_ARRAY_NAMES = {cls: list(cls.ARRAYS) for cls in _REGISTRY.values()}
-_META_KEYS = frozenset({"name", "dtype", "shape"})
+# Header schemas, generated once from the message classes: msgspec validates a header while it decodes it
+# (types, int64 range, bool is not int, string/map/list limits, unknown or missing fields, the schema tag),
+# in C; what it cannot express (version, array names, dtypes and shapes) is checked below.
+class _ArrayMeta(msgspec.Struct, forbid_unknown_fields=True, frozen=True):  # frozen: hashable, for _SHAPES
+    name: str
+    dtype: str
+    shape: Annotated[tuple[int, ...], msgspec.Meta(max_length=4)]
 
 
-def _scalars(cls: type) -> tuple[tuple[str, Any], ...]:
-    """(name, type) of the non-array fields of a message class."""
-    return _SCALARS[cls]
+_I64 = Annotated[int, msgspec.Meta(ge=-(2**63), le=2**63 - 1)]
+_STR = Annotated[str, msgspec.Meta(max_length=MAX_STR)]
+_HEADER_TYPES = {int: _I64, str: _STR,
+                 dict[str, int]: Annotated[dict[_STR, _I64], msgspec.Meta(max_length=MAX_ITEMS)],
+                 dict[str, list[int]]: Annotated[dict[_STR, Annotated[list[_I64], msgspec.Meta(max_length=MAX_ITEMS)]],
+                                                 msgspec.Meta(max_length=MAX_ITEMS)]}
+_SCALARS = {cls: tuple(f.name for f in fields(cls) if f.name not in cls.ARRAYS) for cls in _REGISTRY.values()}
 
 
-def _check_int(where: str, name: str, value: Any) -> None:
-    if type(value) is not int or not _INT64[0] <= value <= _INT64[1]:
-        raise WireError(f"{where}: field {name!r}: {value!r} is not an int64")
+def _header_struct(cls: type) -> type:
+    typed = {f.name: Literal[RUNGS] if f.name == "rung" else _HEADER_TYPES[f.type] for f in fields(cls)
+             if f.name not in cls.ARRAYS}
+    return msgspec.defstruct(f"{cls.__name__}Header",
+                             [("version", int), *((n, typed[n]) for n in _SCALARS[cls]),
+                              ("arrays", Annotated[list[_ArrayMeta], msgspec.Meta(max_length=MAX_FRAMES)])],
+                             tag_field="schema", tag=cls.SCHEMA, forbid_unknown_fields=True)
 
 
-def _check_map(where: str, name: str, typ: Any, value: Any) -> None:
-    """dict[str, int] or dict[str, list[int]], within the decoder's map/array limits."""
-    if type(value) is not dict or len(value) > _UNPACK_LIMITS["max_map_len"]:
-        raise WireError(f"{where}: field {name!r}: expected a map of at most {_UNPACK_LIMITS['max_map_len']} entries")
-    as_list = typing.get_args(typ)[1] is not int
-    for k, v in value.items():
-        if type(k) is not str or len(k) > MAX_STR:
-            raise WireError(f"{where}: field {name!r}: key {k!r} is not a string")
-        items = v if as_list else [v]
-        if as_list and (type(v) is not list or len(v) > _UNPACK_LIMITS["max_array_len"]):
-            raise WireError(f"{where}: field {name!r}[{k!r}]: expected a list of at most "
-                            f"{_UNPACK_LIMITS['max_array_len']} ints")
-        for x in items:
-            _check_int(where, f"{name}[{k}]", x)
+_HEADERS = {_header_struct(cls): cls for cls in _REGISTRY.values()}
+_DECODER = msgspec.msgpack.Decoder(typing.Union[tuple(_HEADERS)])
+_ENCODER = msgspec.msgpack.Encoder()
+_ZEROS = np.zeros(_DIM_BOUNDS["H"][1] * _DIM_BOUNDS["D"][1])
 
 
-def _check_scalar(where: str, name: str, typ: type, value: Any) -> None:
-    # `type(...) is` rather than isinstance: bool is an int subclass and must not pass as one.
-    if type(value) is not typ:
-        if typing.get_origin(typ) is dict:
-            return _check_map(where, name, typ, value)
-        raise WireError(f"{where}: field {name!r}: got {type(value).__name__}, expected {typ.__name__}")
-    if typ is int and not _INT64[0] <= value <= _INT64[1]:
-        raise WireError(f"{where}: field {name!r}: {value} does not fit int64")
-    if typ is str and len(value.encode()) > MAX_STR:
-        raise WireError(f"{where}: field {name!r}: {len(value.encode())} bytes of UTF-8, limit {MAX_STR}")
-    if name == "rung" and value not in RUNGS:
-        raise WireError(f"{where}: field 'rung': {value!r} not in {RUNGS}")
+def _all_finite(a: np.ndarray) -> bool:
+    """True when no element of the float64 array is NaN or inf: x * 0 is 0 for every finite x, NaN otherwise."""
+    flat = a.reshape(-1)
+    return math.isfinite(flat.dot(_ZEROS[: flat.size])) if flat.size <= _ZEROS.size else bool(np.isfinite(a).all())
 
 
-def _check_arrays(cls: type, metas: Any) -> list[tuple[int, ...]]:
-    """Shapes of the arrays described by `metas`, checked against `cls.ARRAYS` and the D/H bounds."""
+_SHAPES: dict[tuple, list[tuple[int, ...]]] = {}  # (cls, *metas) -> shapes: the array headers already checked
+_SHAPES_MAX = 1024
+
+
+def _shapes(cls: type, metas: list[_ArrayMeta]) -> list[tuple[int, ...]]:
+    """Shapes of the arrays described by `metas`, checked against `cls.ARRAYS` and the D/H bounds (a pure
+    function of its arguments, so a message's usual array headers are checked once and remembered)."""
+    key = (cls, *metas)
+    if (shapes := _SHAPES.get(key)) is None:
+        shapes = _check_shapes(cls, metas)
+        if len(_SHAPES) >= _SHAPES_MAX:
+            _SHAPES.clear()
+        _SHAPES[key] = shapes
+    return shapes
+
+
+def _check_shapes(cls: type, metas: list[_ArrayMeta]) -> list[tuple[int, ...]]:
     where = cls.SCHEMA
-    if type(metas) is not list:
-        raise WireError(f"{where}: field 'arrays': got {type(metas).__name__}, expected list")
-    names = [m.get("name") if type(m) is dict else None for m in metas]
-    if names != _ARRAY_NAMES[cls]:
-        raise WireError(f"{where}: field 'arrays': names {names!r}, expected {_ARRAY_NAMES[cls]!r}")
+    names = [m.name for m in metas]
+    if names != list(cls.ARRAYS):
+        raise WireError(f"{where}: field 'arrays': names {names!r}, expected {list(cls.ARRAYS)!r}")
     dims: dict[str, int] = {}
     shapes = []
     for meta in metas:
-        name, symbols = meta["name"], cls.ARRAYS[meta["name"]]
-        if meta.keys() != _META_KEYS:
-            raise WireError(f"{where}: array {name!r}: keys {sorted(map(str, meta))}, "
-                            "expected ['dtype', 'name', 'shape']")
-        if meta["dtype"] != _DTYPE:
-            raise WireError(f"{where}: array {name!r}: dtype {meta['dtype']!r} not allowed, expected {_DTYPE!r}")
-        shape = meta["shape"]
-        if type(shape) is not list or len(shape) != len(symbols) or any(type(n) is not int for n in shape):
-            raise WireError(f"{where}: array {name!r}: shape {shape!r}, expected {len(symbols)} ints "
+        name, symbols, shape = meta.name, cls.ARRAYS[meta.name], meta.shape
+        if meta.dtype != _DTYPE:
+            raise WireError(f"{where}: array {name!r}: dtype {meta.dtype!r} not allowed, expected {_DTYPE!r}")
+        if len(shape) != len(symbols):
+            raise WireError(f"{where}: array {name!r}: shape {list(shape)}, expected {len(symbols)} ints "
                             f"({', '.join(symbols)})")
         for sym, n in zip(symbols, shape):
             lo, hi = _DIM_BOUNDS[sym]
@@ -265,29 +265,50 @@ def _check_arrays(cls: type, metas: Any) -> list[tuple[int, ...]]:
             if dims.setdefault(sym, n) != n:
                 raise WireError(f"{where}: array {name!r}: shape {shape}: {sym}={n} disagrees with "
                                 f"{sym}={dims[sym]} of another array")
-        shapes.append(tuple(shape))
+        shapes.append(shape)
     return shapes
 
 
-def _check_header(header: Any) -> tuple[type, list[tuple[int, ...]]]:
-    """Message class and array shapes of a decoded header; raises WireError on anything off-spec."""
-    if not isinstance(header, dict):
-        raise WireError(f"header: got {type(header).__name__}, expected a msgpack map", "garbage")
-    schema = header.get("schema")
+def _header(buf: bytes | memoryview) -> tuple[type, Any, list[tuple[int, ...]]]:
+    """(message class, validated header struct, array shapes) of a header frame; raises WireError."""
+    try:
+        header = _DECODER.decode(buf)
+    except msgspec.DecodeError as e:
+        raise _header_error(buf, e) from None
+    cls = _HEADERS[type(header)]
+    if header.version != cls.VERSION:
+        raise WireError(f"{cls.SCHEMA}: field 'version': got {header.version!r}, expected {cls.VERSION}", "version")
+    return cls, header, _shapes(cls, header.arrays)
+
+
+def _header_error(buf: bytes | memoryview, e: msgspec.DecodeError) -> WireError:
+    """The WireError for a header msgspec rejected, naming schema, field and kind (the slow path: errors only)."""
+    try:
+        raw = msgpack.unpackb(buf, raw=False, strict_map_key=False)
+    except Exception as parse_error:  # noqa: BLE001 - any failure to parse means the same: not msgpack
+        kind = "truncated" if "incomplete" in str(parse_error) else "garbage"
+        return WireError(f"header: not valid msgpack ({type(parse_error).__name__}: {parse_error})", kind)
+    if not isinstance(raw, dict):
+        return WireError(f"header: got {type(raw).__name__}, expected a msgpack map", "garbage")
+    schema = raw.get("schema")
     cls = _REGISTRY.get(schema) if isinstance(schema, str) else None
     if cls is None:
-        raise WireError(f"header: field 'schema': unknown schema {schema!r}", "schema")
-    version = header.get("version")
-    if type(version) is not int or version != cls.VERSION:
-        raise WireError(f"{cls.SCHEMA}: field 'version': got {version!r}, expected {cls.VERSION}", "version")
-    expected = _EXPECTED[cls]
-    if header.keys() != expected:
-        if missing := expected - set(header):
-            raise WireError(f"{cls.SCHEMA}: missing field(s) {sorted(missing)}")
-        raise WireError(f"{cls.SCHEMA}: extra field(s) {sorted(map(str, set(header) - expected))}")
-    for name, typ in _scalars(cls):
-        _check_scalar(cls.SCHEMA, name, typ, header[name])
-    return cls, _check_arrays(cls, header["arrays"])
+        return WireError(f"header: field 'schema': unknown schema {schema!r}", "schema")
+    # msgspec's text: "Expected `int`, got `bool` - at `$.seq`" or "... - at `key` in `$.counters`"
+    text, _, where = str(e).partition(" - at ")
+    key = where.startswith("`key`")
+    path = re.sub(r"^\$\.?", "", where.rpartition(" in ")[2].strip("`"))
+    if path.startswith("arrays["):  # name the array: arrays[1].shape[0] -> array 'qd_rad_s' shape[0]
+        i, _, rest = path[len("arrays["):].partition("]")
+        name = list(cls.ARRAYS)[int(i)] if i.isdigit() and int(i) < len(cls.ARRAYS) else f"#{i}"
+        path = f"array {name!r}{' ' + rest.lstrip('.') if rest else ''}"
+    elif path:
+        path = f"field {path!r}{' (a key)' if key else ''}"
+    for theirs, ours in (("Object missing required field", "missing field"), ("Object contains unknown field",
+                         "extra field"), ("`object`", "map"), ("`array`", "list"), ("`", "")):
+        text = text.replace(theirs, ours)
+    kind = "version" if path == "field 'version'" else "field"
+    return WireError(f"{cls.SCHEMA}: {path + ': ' if path else ''}{text[:1].lower()}{text[1:]}", kind)
 
 
 def encode(msg: Message) -> list[bytes | memoryview]:
@@ -295,31 +316,38 @@ def encode(msg: Message) -> list[bytes | memoryview]:
 
     Arrays may be any real numeric dtype, byte order or layout; they are converted to
     little-endian C-contiguous float64, without a copy when already so (the frame is then a
-    memoryview of the caller's array). Raises WireError when `msg` would not decode (a non-finite
-    array value included), so the sender fails loudly instead of the receiver dropping it.
+    memoryview of the caller's array). Raises WireError when `msg` would not decode (the header is
+    checked by the receiver's own decoder; a non-finite array value included), so the sender fails
+    loudly instead of the receiver dropping it.
     """
     cls = type(msg)
     if _REGISTRY.get(getattr(cls, "SCHEMA", None)) is not cls:
         raise WireError(f"encode: {cls.__name__} is not a wire message")
     header: dict[str, Any] = {"schema": cls.SCHEMA, "version": cls.VERSION}
-    header.update({name: getattr(msg, name) for name, _ in _scalars(cls)})
-    metas, arrays = [], []
+    for name in _SCALARS[cls]:
+        header[name] = getattr(msg, name)
+    metas, flat = [], []
     for name in cls.ARRAYS:
         a = np.asarray(getattr(msg, name))
         if a.dtype.kind not in "fiu":
             raise WireError(f"{cls.SCHEMA}: array {name!r}: dtype {a.dtype.str!r} is not real numeric")
-        if a.dtype.kind == "f" and not np.isfinite(a).all():  # the receiver would reject it: fail here
+        a = np.ascontiguousarray(a, dtype=_DTYPE)
+        if not _all_finite(a):  # the receiver would reject it: fail here
             raise WireError(f"{cls.SCHEMA}: array {name!r}: non-finite value", "nonfinite")
         metas.append({"name": name, "dtype": _DTYPE, "shape": list(a.shape)})
-        arrays.append(a)
+        # ravel + uint8 view keeps the memoryview 1-D bytes even for H=0, where memoryview.cast fails.
+        flat.append(memoryview(a.reshape(-1).view(np.uint8)))
     header["arrays"] = metas
-    _check_header(header)
-    packed = msgpack.packb(header, use_bin_type=True)
+    try:
+        packed = _ENCODER.encode(header)
+    except (TypeError, OverflowError) as e:  # a value msgpack cannot carry (a numpy scalar, say): name it
+        bad = [n for n in _SCALARS[cls] if type(header[n]) not in (int, str, dict)]
+        raise WireError(f"{cls.SCHEMA}: {f'field {bad[0]!r}: ' if bad else ''}cannot encode "
+                        f"{type(header[bad[0]]).__name__ if bad else 'the header'} ({e})") from None
     if len(packed) > MAX_HEADER_BYTES:
         raise WireError(f"{cls.SCHEMA}: header is {len(packed)} bytes, limit {MAX_HEADER_BYTES}")
-    # ravel + uint8 view keeps the memoryview 1-D bytes even for H=0, where memoryview.cast fails.
-    flat = [np.ascontiguousarray(a, dtype=_DTYPE).reshape(-1).view(np.uint8) for a in arrays]
-    return [packed, *(memoryview(b) for b in flat)]
+    _header(memoryview(packed))  # what the receiver checks, checked here
+    return [packed, *flat]
 
 
 def _as_bytes(frame: Any, i: int) -> memoryview:
@@ -345,33 +373,32 @@ def decode(frames: Sequence[Any]) -> Message:
     per array), oversized or non-msgpack header, header not a map, unknown schema, wrong
     version, missing/extra fields, wrong scalar types (bool is not int), rung not in RUNGS,
     dtype other than "<f8", shape of wrong rank or outside D 1..32 / H 0..256 or disagreeing
-    on D, and an array frame whose length is not prod(shape) * 8.
+    on D, an array frame whose length is not prod(shape) * 8, and a NaN or inf array value.
     """
     if not 1 <= len(frames) <= MAX_FRAMES:
         raise WireError(f"frames: got {len(frames)}, expected 1..{MAX_FRAMES}", "frames")
-    bufs = [_as_bytes(f, i) for i, f in enumerate(frames)]
-    if bufs[0].nbytes > MAX_HEADER_BYTES:
-        raise WireError(f"header: {bufs[0].nbytes} bytes, limit {MAX_HEADER_BYTES}", "oversize")
-    try:
-        header = msgpack.unpackb(bufs[0], raw=False, strict_map_key=True, **_UNPACK_LIMITS)
-    except (ValueError, TypeError, OverflowError, msgpack.UnpackException) as e:
-        kind = "truncated" if "incomplete" in str(e) else "garbage"
-        raise WireError(f"header: not valid msgpack ({type(e).__name__}: {e})", kind) from None
-    cls, shapes = _check_header(header)
+    bufs = [f if type(f) is bytes else _as_bytes(f, i) for i, f in enumerate(frames)]  # len() = bytes
+    if len(bufs[0]) > MAX_HEADER_BYTES:
+        raise WireError(f"header: {len(bufs[0])} bytes, limit {MAX_HEADER_BYTES}", "oversize")
+    cls, header, shapes = _header(bufs[0])
     if len(bufs) - 1 != len(shapes):
         raise WireError(f"{cls.SCHEMA}: frames: {len(bufs) - 1} array frame(s) for {len(shapes)} array(s)",
                         "frames")
-    values = {name: header[name] for name, _ in _scalars(cls)}
-    for name, shape, buf in zip(cls.ARRAYS, shapes, bufs[1:]):
-        # Shapes are bounded by _DIM_BOUNDS, so this product is small and safe to compute.
-        want = math.prod(shape) * np.dtype(_DTYPE).itemsize
-        if buf.nbytes != want:
-            short = buf.nbytes < want
+    values = {name: getattr(header, name) for name in _SCALARS[cls]}
+    sizes = [math.prod(shape) for shape in shapes]  # bounded by _DIM_BOUNDS: small and safe to compute
+    for name, shape, n, buf in zip(cls.ARRAYS, shapes, sizes, bufs[1:]):
+        if len(buf) != n * 8:
+            short = len(buf) < n * 8
             raise WireError(f"{cls.SCHEMA}: array {name!r}: {'truncated' if short else 'oversized'} frame, "
-                            f"{buf.nbytes} bytes, expected {want} for shape {list(shape)}",
+                            f"{len(buf)} bytes, expected {n * 8} for shape {list(shape)}",
                             "truncated" if short else "oversize")
-        arr = np.frombuffer(buf, dtype=_DTYPE).reshape(shape).astype(np.float64)
-        if not np.isfinite(arr).all():  # a NaN joint target must never reach a robot
-            raise WireError(f"{cls.SCHEMA}: array {name!r}: non-finite value", "nonfinite")
-        values[name] = arr
+    # one copy of all arrays, one finite check, a writeable view per array
+    flat = np.frombuffer(b"".join(bufs[1:]), dtype=_DTYPE).copy() if shapes else None
+    if flat is not None and not _all_finite(flat):  # a NaN joint target must never reach a robot
+        bad = next(name for name, b in zip(cls.ARRAYS, bufs[1:]) if not _all_finite(np.frombuffer(b, _DTYPE)))
+        raise WireError(f"{cls.SCHEMA}: array {bad!r}: non-finite value", "nonfinite")
+    offset = 0
+    for name, shape, n in zip(cls.ARRAYS, shapes, sizes):
+        values[name] = flat[offset: offset + n].reshape(shape)
+        offset += n
     return cls(**values)

@@ -90,7 +90,9 @@ def test_heartbeat_and_error_event_round_trip():
 
 
 @pytest.mark.parametrize("counters, match", [
-    ({"a": True}, "int64"), ({"a": 1.5}, "int64"), ({1: 1}, "not a string"), ({f"k{i}": i for i in range(65)}, "map"),
+    ({"a": True}, "counters.*expected int, got bool"), ({"a": 1.5}, "expected int, got float"),
+    ({1: 1}, "counters.*key.*expected str"), ({f"k{i}": i for i in range(65)}, "counters.*map of length <= 64"),
+    ({"a": 2**63}, "counters.*<= 9223372036854775807"), ({"a": 2**64}, "cannot encode"),
 ])
 def test_stats_fields_are_checked(counters, match):
     with pytest.raises(WireError, match=match):
