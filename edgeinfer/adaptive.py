@@ -17,8 +17,11 @@ Exploration is bounded, so that speculation never costs much more than it can wi
       kept-draft runs of the longest passes give E[tokens] for every k;
     - then each chunk takes the best (drafter, k); k = 0 (speculation off) wins unless some (drafter, k) is
       expected to beat target-only by min_gain (default 5 %: a drafter that is only marginally faster on
-      average is slower on some runs). Every `probe_every` chunks the drafter that has gone longest
-      without a chunk is tried at its best k >= 1, so that a drafter that starts paying again is noticed.
+      average is slower on some runs). A drafter that has gone `probe_every` chunks without one is probed
+      (tried for a chunk at its best k >= 1; one probe per chunk, the longest-waiting drafter first), so that
+      a drafter that starts paying again is noticed. A probe costs a whole chunk at a worse choice, so each
+      probe that finds the drafter still behind doubles the wait before its next one (up to 32 x
+      probe_every, exponential backoff), and one that finds it ahead resets the wait.
 Unmeasured k are costed by interpolation between measured ones; past the largest, verification grows
 along the last measured slope and drafting stays flat (a model drafter drafts k tokens in one pass).
 """
@@ -101,6 +104,8 @@ class SpeculationChooser:
         self._unit_ns = 0
         self._chunks = 0
         self._last_run = dict.fromkeys(self.drafters, -1)
+        self._probe_wait = dict.fromkeys(self.drafters, probe_every)  # chunks between probes, per drafter
+        self._probed: str | None = None  # the drafter the previous chunk probed, judged at the next choice
         ks = sorted({min(k, k_max) for k in (1, 2, 4, 8, 16)}) if k_max else []
         self._explore = [(d, k) for d in self.drafters for k in ks]
 
@@ -157,14 +162,22 @@ class SpeculationChooser:
         if not self.drafters or self.k_max == 0:
             return None, 0
         if self._explore:
-            return self._explore.pop(0)
+            d, k = self._explore.pop(0)
+            self._last_run[d] = self._chunks
+            return d, k
         scores = {d: self.tokens_per_cost(d) for d in self.drafters}
         best_d = max(self.drafters, key=lambda d: scores[d].max())
         best_k = int(np.argmax(scores[best_d]))
         if scores[best_d][best_k] < self.min_gain * scores[best_d][0]:
             best_k = 0
-        if self._chunks % self.probe_every == 0:  # probe the drafter that has waited longest
-            best_d = min(self.drafters, key=self._last_run.get)
+        if self._probed is not None:  # back off from a drafter its probe found behind, or stop backing off
+            d, self._probed = self._probed, None
+            ahead = d == best_d and best_k > 0
+            self._probe_wait[d] = self.probe_every if ahead else min(2 * self._probe_wait[d], 32 * self.probe_every)
+        due = [d for d in self.drafters if (d != best_d or best_k == 0)
+               and self._chunks - max(self._last_run[d], 0) >= self._probe_wait[d]]
+        if due:  # probe the drafter that has waited longest
+            best_d = self._probed = min(due, key=self._last_run.get)
             best_k = 1 + int(np.argmax(scores[best_d][1:]))
         if best_k == 0:
             return None, 0

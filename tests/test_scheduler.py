@@ -94,6 +94,15 @@ def test_the_better_drafter_wins_and_a_useless_one_is_only_probed():
     assert late.count("model") >= 75 and late.count("useless") <= 3
 
 
+def test_probes_of_a_drafter_that_stays_behind_back_off_exponentially():
+    drafts = {"model": lambda k: 120, "useless": lambda k: 300}
+    _, choices = _run(drafts, lambda k: 400 + 15 * k, {"model": 0.8, "useless": 0.0}, drafters=("useless", "model"),
+                      chunks=500)
+    probes = [c for c, (d, _) in enumerate(choices) if d == "useless" and c >= 10]  # after exploration
+    gaps = np.diff(probes)
+    assert len(probes) == 4 and list(gaps) == sorted(gaps) and gaps[-1] >= 4 * gaps[0]  # 32, 64, 128, 256 apart
+
+
 def test_the_choice_survives_a_machine_that_slows_down_and_speeds_up():
     # every cost x1..x3 from chunk to chunk (other work on the machine): the ratio to the prefill does not move
     rng = np.random.default_rng(0)
