@@ -11,8 +11,10 @@ holds) or "not judged" (no interval or counts to test):
   counts, one-sided in each direction at ALPHA;
 - max latency: Rosenbaum's exceedance test on the 1 us histograms (how many of B's ticks lie above A's
   maximum, and the reverse), one-sided in each direction at ALPHA;
-- what injected faults did (observations dropped on the network, ticks held in a killed runtime's gap, misses
-  while the runtime was stalled; 0 for a run without that fault): Fisher's exact test on the counts, as above.
+- injected faults: observations dropped on the network are the replayer's own exact count (no sampling), so
+  any difference is real: more is "worse"; the miss rate while the runtime was stalled and in the gap a
+  killed runtime left: Fisher's exact test of those rows' misses against the other run's same window, or
+  its whole run's miss rate when it had no such fault.
 
 Every figure is a separate test at ALPHA, so with some twenty figures a clean rerun is flagged somewhere
 now and then; a regression that matters shows in several figures or again on a rerun.
@@ -127,11 +129,26 @@ def _dropped(report: dict) -> int | None:
     return None if not isinstance(counts, dict) else int(counts.get("dropped", 0) + counts.get("burst_dropped", 0))
 
 
-# figure -> its count in a report (None: that fault was not injected, counted as 0 against a run that had it)
-FAULT_FIGURES = {
-    "observations dropped": _dropped,
-    "ticks held in a runtime gap": lambda r: _get(r, "runtime_fault", "ticks_held"),
-    "misses while the runtime stalled": lambda r: _get(r, "runtime_stall", "window", "during", "misses"),
+def _window(misses, rows) -> tuple[int, int] | None:
+    return (int(misses), int(rows)) if isinstance(misses, int) and isinstance(rows, int) and rows > 0 else None
+
+
+def _gap_rows(report: dict) -> int | None:
+    gap = report.get("runtime_fault")
+    if not isinstance(gap, dict):
+        return None
+    if "rows_in_gap" in gap:
+        return gap["rows_in_gap"]
+    n, k = report.get("observations_sent"), gap.get("killed_at_row")  # older reports: a gap to the end of the run
+    return n - k - 1 if not gap.get("recovered") and isinstance(n, int) and isinstance(k, int) else None
+
+
+# figure -> (misses, rows) of a fault's window in a report; None when that fault was not injected
+FAULT_WINDOWS = {
+    "miss rate while the runtime stalled": lambda r: _window(_get(r, "runtime_stall", "window", "during", "misses"),
+                                                             _get(r, "runtime_stall", "window", "during", "rows")),
+    "miss rate in a killed runtime's gap": lambda r: _window(_get(r, "runtime_fault", "misses_in_gap"),
+                                                             _gap_rows(r)),
 }
 
 
@@ -163,11 +180,20 @@ def compare(a: dict, b: dict, alpha: float = ALPHA) -> list[dict]:
         ka, kb = _get(a, "fallbacks", rung) or 0, _get(b, "fallbacks", rung) or 0
         direction = {"full": False, "hold": True}.get(rung)  # middle rungs: no direction
         rows.append(_row(f"ticks served by {rung}", ka, kb, _by_counts(ka, n_a, kb, n_b, direction, alpha)))
-    for figure, count in FAULT_FIGURES.items():
-        ka, kb = count(a), count(b)
-        if ka is not None or kb is not None:
-            ka, kb = ka or 0, kb or 0
-            rows.append(_row(figure, ka, kb, _by_counts(ka, n_a, kb, n_b, True, alpha)))
+    ka, kb = _dropped(a), _dropped(b)
+    if ka is not None or kb is not None:
+        ka, kb = ka or 0, kb or 0
+        exact = (SAME if ka == kb else WORSE if kb > ka else BETTER), "exact count (injected)"
+        rows.append(_row("observations dropped", ka, kb, exact))
+    for figure, window in FAULT_WINDOWS.items():
+        wa, wb = window(a), window(b)
+        if wa is None and wb is None:
+            continue
+        # the other run's counterpart: its own window, else its whole run (no such fault: its usual miss rate)
+        wa = wa or (a.get("deadline_misses"), n_a)
+        wb = wb or (b.get("deadline_misses"), n_b)
+        rate = lambda w: w[0] / w[1] if isinstance(w[0], int) and w[1] else None  # noqa: E731
+        rows.append(_row(figure, rate(wa), rate(wb), _by_counts(wa[0], wa[1], wb[0], wb[1], True, alpha)))
     for key in ("p50", "p99"):
         va, vb = _get(a, "chunks", "time_to_chunk_ms", key), _get(b, "chunks", "time_to_chunk_ms", key)
         if va is not None or vb is not None:

@@ -158,7 +158,8 @@ class Supervisor:
 def gap_report(sup: Supervisor, outcome: np.ndarray, t_sched_ns: np.ndarray, period_ns: int,
                commands: dict | None = None) -> dict | None:
     """The gap a killed runtime left, from per-row outcomes (on_time/late/lost/hold) on the replayer's clock:
-    rows until the first hold after the kill, holds and misses until recovery, the longest run of holds (ms),
+    rows until the first hold after the kill, rows, holds and misses until recovery (or the end of the run:
+    rows_in_gap, ticks_held, misses_in_gap), the longest run of holds (ms),
     and the time from the kill to the first on-time command after the restart. From `commands` (tick ->
     (t_recv, JointCommand)): how long after the kill the control loop sent its first hold
     (`first_hold_after_kill_ms`, on the control loop's send time: same host clock) and how many commands it
@@ -189,6 +190,7 @@ def gap_report(sup: Supervisor, outcome: np.ndarray, t_sched_ns: np.ndarray, per
             "rows_to_first_hold": int(holds[0] - k) if len(holds) else None,
             "first_hold_after_kill_ms": (first_hold - sup.t_kill_ns) / 1e6 if first_hold is not None else None,
             "unheld_after_two_periods": unheld,
+            "rows_in_gap": max(0, end - k - 1),
             "ticks_held": int(np.sum(outcome[gap] == "hold")), "misses_in_gap": int(np.sum(outcome[gap] != "on_time")),
             "longest_hold_ms": longest * period_ns / 1e6,
             "recovered": bool(restarted and len(recovered)),

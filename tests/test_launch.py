@@ -137,8 +137,32 @@ def test_acceptance_run_through_launch_reports_faults_and_compare_flags_them(tmp
     assert cmp.returncode == 0, cmp.stderr
     verdict = {r["figure"]: r["verdict"] for r in json.loads(out.read_text())["rows"]}
     assert verdict["miss rate"] == "worse" and verdict["ticks hold"] == "worse"
-    assert verdict["ticks held in a runtime gap"] == "worse"
-    assert "observations dropped" in verdict and "misses while the runtime stalled" in verdict
+    assert verdict["miss rate in a killed runtime's gap"] == "worse"
+    assert verdict["observations dropped"] == ("worse" if injected["network"]["counts"]["dropped"] else
+                                               "no significant change")
+    assert "miss rate while the runtime stalled" in verdict
+
+
+def test_compare_judges_injected_faults_against_the_other_runs_miss_rate():
+    from edgeinfer.sim.compare import compare
+
+    clean = {"observations_sent": 1000, "deadline_misses": 10, "replayer": {"faults": None}}
+    faulty = {"observations_sent": 1000, "deadline_misses": 300,
+              "replayer": {"faults": {"counts": {"dropped": 9, "burst_dropped": 1}}},
+              "runtime_stall": {"window": {"during": {"rows": 5, "misses": 4}}},
+              "runtime_fault": {"killed_at_row": 700, "rows_in_gap": 299, "misses_in_gap": 280}}
+    rows = {r["figure"]: r for r in compare(clean, faulty)}
+    assert rows["observations dropped"]["a"] == 0 and rows["observations dropped"]["b"] == 10
+    assert rows["observations dropped"]["verdict"] == "worse"  # an exact count: no test needed
+    stall = rows["miss rate while the runtime stalled"]
+    assert stall["a"] == 0.01 and stall["b"] == 0.8 and stall["verdict"] == "worse"
+    assert rows["miss rate in a killed runtime's gap"]["verdict"] == "worse"
+    # no miss in a 5-row stall: not flagged
+    faulty["runtime_stall"]["window"]["during"]["misses"] = 0
+    assert {r["figure"]: r for r in compare(clean, faulty)}["miss rate while the runtime stalled"]["verdict"] == (
+        "no significant change")
+    same = {r["figure"]: r["verdict"] for r in compare(faulty, faulty)}
+    assert same["observations dropped"] == same["miss rate in a killed runtime's gap"] == "no significant change"
 
 
 @pytest.mark.slow
