@@ -11,9 +11,10 @@ each only once the one before it is ready:
 
 Every table is checked (config_cli.build: unknown keys and wrong types name the key) before anything starts,
 and each node runs as `python -m edgeinfer <command> <its options>` (config_cli.to_argv), in a session of its
-own (its own process group), its output in LOG_DIR/<command>.log. Ready means: a service published a Hello on
-its chunk endpoint (the runtime's own start-up handshake, after its warm-up: transport.wait_for_hello); a task
-is ready once started (its own handshakes with its peers are its business). A node that exits non-zero fails
+own (its own process group), its output in LOG_DIR/<command>.log. Ready means: a runtime (serve) published a
+Hello on its chunk endpoint (its own start-up handshake, after its engine's warm-up: transport.wait_for_hello);
+a control node (which sends nothing before a run begins) and a task are ready once started (a task's handshakes
+with its peers are its own business). A node that exits non-zero fails
 the launch. Teardown: SIGTERM to each node's process group, newest first, SIGKILL to what is left after
 grace_s, and the same for any descendant that left the group (a replayer's runtime and control nodes run in
 sessions of their own). Exit code: 0 when every node succeeded, 1 when any failed, 130 when interrupted.
