@@ -181,7 +181,7 @@ def run_bench(cfg: BenchConfig, sc: Scenarios | None = None, console: Console | 
         "seeds": {"observations": seed, "runtime": seed},
         "engine": {"backend": cfg.backend, "precision": cfg.precision, "device": cfg.device, "threads": cfg.threads},
     }
-    log_line = lambda text: console.print(text, highlight=False)  # noqa: E731
+    log_line = lambda text: console.print(text, highlight=False, soft_wrap=True)  # noqa: E731  (one line each)
 
     # floors first: nothing else of ours is running
     if sc.replay:

@@ -73,6 +73,7 @@ class _Client:
         self.proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      start_new_session=True)
         self.codes: dict[int, int] = {}
+        self.pids: set[int] = set()  # every node forked
         self.exited = threading.Condition()
         self.replies: queue.Queue = queue.Queue()
         self.ready = threading.Event()  # the server has imported PRELOAD
@@ -91,6 +92,7 @@ class _Client:
                 raise RuntimeError(f"fork server (pid {self.proc.pid}) did not start {argv[:1]}: {e!r}") from None
         if "pid" not in reply:
             raise RuntimeError(f"fork server could not start {argv[:1]}: {reply.get('error')}")
+        self.pids.add(reply["pid"])
         return reply["pid"]
 
     def _read(self) -> None:
@@ -104,7 +106,16 @@ class _Client:
                     self.exited.notify_all()
             else:
                 self.replies.put(msg)
-        self.replies.put({"error": f"the fork server exited with code {self.proc.wait()}"})
+        code = self.proc.wait()
+        with self.exited:  # it died: its nodes cannot be reaped by it, so they are killed (and counted so) now
+            for pid in self.pids - set(self.codes):
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                self.codes[pid] = -signal.SIGKILL
+            self.exited.notify_all()
+        self.replies.put({"error": f"the fork server exited with code {code}"})
         self.ready.set()
 
 
