@@ -1,5 +1,8 @@
 """End-to-end scenarios of the bench: a slice of a real log replayed through the real processes and sockets
-(edgeinfer.sim.replay: replayer -> runtime -> control -> replayer over ZeroMQ), once per repeat.
+(edgeinfer.sim.replay: replayer -> runtime -> control -> replayer over ZeroMQ), once per repeat. The two
+nodes of every replay are new processes forked from one server that imported edgeinfer once
+(edgeinfer.sim.forkserver, ReplayConfig.fork_nodes): no interpreter start and torch import per node and
+replay, the same `edgeinfer serve` / `edgeinfer control` code, warm-up and handshake. No plots are drawn.
 
 Latency of an observation = its command received at the replayer - the observation's scheduled send time,
 on the replayer's monotonic clock; a deadline miss is a tick without a valid command by its deadline
