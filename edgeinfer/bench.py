@@ -185,7 +185,10 @@ def run_bench(cfg: BenchConfig, sc: Scenarios | None = None, console: Console | 
 
     # floors first: nothing else of ours is running
     if sc.replay:
-        forkserver.start(wait=True)
+        try:
+            forkserver.start(wait=True)
+        except (RuntimeError, TimeoutError) as e:  # the e2e scenarios will record their failure
+            console.print(f"[red]fork server for the e2e nodes: {e}[/red]")
     payload = observation_payload_bytes(d)
     fl = sc.floors
     floors = [measure_floors(payload, logs[0].period_ns, fl.round_trips, fl.idle_gap_ms, fl.idle_round_trips,
