@@ -1,51 +1,54 @@
-"""`edgeinfer bench spec`: a seconds-long run on held-out real runs; structure and consistency, never timings."""
+"""`edgeinfer bench spec`: a seconds-long run on held-out real runs; structure and consistency, never timings.
+One run, through the command line, serves every test: its JSON holds the rows bench_spec returned."""
+import contextlib
+import io
 import json
 
 import pytest
-from rich.console import Console
 
-from edgeinfer.bench_spec import bench_spec
 from edgeinfer.cli import main as edgeinfer_cli
 
 
 @pytest.fixture(scope="module")
-def result(schunk_dir):
-    return bench_spec(data_dir=schunk_dir, per_run=1, drafters=("kinematic",), ks=(1, 4), peer=False,
-                      console=Console(quiet=True))
+def cli_run(schunk_dir, tmp_path_factory):
+    """`edgeinfer bench spec ...` through the console script's entry, in this process (no fresh interpreter):
+    (exit code, stdout, the rows of its --json)."""
+    out = tmp_path_factory.mktemp("spec") / "spec.json"
+    stdout = io.StringIO()
+    with contextlib.redirect_stdout(stdout):
+        code = edgeinfer_cli(["bench", "spec", "--data-dir", str(schunk_dir), "--per-run", "1", "--drafters",
+                              "kinematic", "--ks", "1,4", "--no-peer", "--json", str(out)])
+    return code, stdout.getvalue(), json.loads(out.read_text())
 
 
-def test_rows_are_complete_and_consistent(result):
-    rows = {r["name"]: r for r in result["rows"]}
+def test_rows_are_complete_and_consistent(cli_run):
+    rows = {r["name"]: r for r in cli_run[2]}
     base = rows["target-only"]
     assert base["target_passes_per_chunk"] == 48 and base["speedup"] == 1.0 and base["exact"]
     assert base["acceptance_rate"] is None and base["chunks"] == 20  # one chunk from each held-out run
-    fixed = next(r for r in result["rows"] if r["name"].startswith("kinematic k="))
+    fixed = next(r for r in rows.values() if r["name"].startswith("kinematic k="))
     assert fixed["k"] in (1, 4) and fixed["exact"] and 0 < fixed["acceptance_rate"] < 1
     assert fixed["target_passes_per_chunk"] < 48
     assert fixed["action_rmse_rad"] == base["action_rmse_rad"]  # exact: the very same actions
     adaptive = rows["kinematic adaptive"]
     assert adaptive["exact"] and len(adaptive["per_run_vs_target_only"]) == 20 and adaptive["vs_best_fixed"] > 0
-    relaxed = next(r for r in result["rows"] if "relaxed" in r["name"])
+    relaxed = next(r for r in rows.values() if "relaxed" in r["name"])
     assert not relaxed["exact"] and relaxed["exact_by"] == "lossy"
-    sampled = next(r for r in result["rows"] if "sampling" in r["name"])
+    sampled = next(r for r in rows.values() if "sampling" in r["name"])
     assert sampled["exact"] and "chi-square" in sampled["exact_by"]
-    for r in result["rows"]:
+    for r in rows.values():
         assert r["tokens_per_s"] > 0 and r["action_rmse_rad"] > 0
 
 
-def test_cli_writes_one_entry_per_row(schunk_dir, tmp_path, capsys):
-    # `edgeinfer bench spec ...` through the console script's entry, in this process (no fresh interpreter)
-    out = tmp_path / "spec.json"
-    code = edgeinfer_cli(["bench", "spec", "--data-dir", str(schunk_dir), "--per-run", "1", "--drafters", "kinematic",
-                          "--ks", "1,4", "--no-peer", "--json", str(out)])
+def test_cli_writes_one_entry_per_row(cli_run):
+    code, stdout, rows = cli_run
     assert code == 0
-    rows = json.loads(out.read_text())
     assert isinstance(rows, list) and len(rows) >= 5
     for r in rows:
         assert {"name", "tokens_per_s", "target_passes_per_chunk", "acceptance_rate", "exact"} <= set(r)
     assert any(r["name"] in ("kinematic k=1", "kinematic k=4") for r in rows)  # the --ks asked for
     assert not any(r["name"].startswith("kinematic k=") and r["k"] not in (1, 4) for r in rows)
-    assert "target-only" in capsys.readouterr().out
+    assert "target-only" in stdout
 
 
 def test_cli_rejects_bad_ks(capsys):
