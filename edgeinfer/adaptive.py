@@ -22,7 +22,8 @@ Exploration is bounded, so that speculation never costs much more than it can wi
       a drafter that starts paying again is noticed. A probe costs a whole chunk at a worse choice, so each
       probe that finds the drafter still behind doubles the wait before its next one (up to 32 x
       probe_every, exponential backoff), and one that finds it ahead resets the wait.
-Unmeasured k are costed by interpolation between measured ones; past the largest, verification grows
+Measured costs are made non-decreasing in k (isotonic regression: a longer pass never costs less, so a dip
+is noise); unmeasured k are costed by interpolation between measured ones; past the largest, verification grows
 along the last measured slope and drafting stays flat (a model drafter drafts k tokens in one pass).
 """
 from __future__ import annotations
@@ -75,6 +76,19 @@ class AcceptanceModel:
         """The overall fraction of drafts kept (what reports call the acceptance rate)."""
         drafted = sum(k for k, _ in self._passes)
         return sum(a for _, a in self._passes) / drafted if drafted else self.prior
+
+
+def _nondecreasing(values: Sequence[float], weights: Sequence[float]) -> list[float]:
+    """Weighted least-squares non-decreasing fit (isotonic regression by pool-adjacent-violators, Barlow et al.
+    1972): a pass that verifies or drafts more tokens never costs less, so a dip between two measured k is
+    noise, and must not become the argmax."""
+    blocks: list[list[float]] = []  # [mean, weight, count]
+    for v, w in zip(values, weights):
+        blocks.append([v, w, 1])
+        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+            (v2, w2, n2), (v1, w1, n1) = blocks.pop(), blocks.pop()
+            blocks.append([(v1 * w1 + v2 * w2) / (w1 + w2), w1 + w2, n1 + n2])
+    return [m for m, _, n in blocks for _ in range(n)]
 
 
 def _line(ks: Sequence[int], values: Sequence[float], at: np.ndarray, grow: bool = True) -> np.ndarray:
@@ -139,8 +153,10 @@ class SpeculationChooser:
         return self._medians[key]
 
     def _measured(self, op: str, drafter: str | None) -> tuple[list[int], list[float]]:
+        """Measured k and their median costs, made non-decreasing in k (weighted by the samples behind each)."""
         ks = sorted(self._ks.get((op, drafter), ()))
-        return ks, [self._median((op, drafter, k)) for k in ks]
+        return ks, _nondecreasing([self._median((op, drafter, k)) for k in ks],
+                                  [len(self._ratios[(op, drafter, k)]) for k in ks])
 
     def pass_costs(self, drafter: str) -> np.ndarray:
         """Estimated draft + verify cost of a pass for k = 0..k_max, in units of a prefill pass, (k_max + 1,).

@@ -124,6 +124,17 @@ def test_costs_relative_to_the_prefill_interpolate_and_extrapolate():
     assert costs[8] == pytest.approx(1.4 + 4 * 0.1 + 0.3)  # verify grows along its last slope
 
 
+def test_a_cost_that_dips_with_k_is_noise_and_is_pooled_away():
+    c = SpeculationChooser(["d"], k_max=8)
+    c.record("d", "prefill", 0, 1000)
+    for k, ns, n in ((2, 1200, 1), (4, 1500, 3), (6, 1100, 1), (8, 1800, 1)):  # k = 6 measured once, in a lull
+        for _ in range(n):
+            c.record("d", "verify", k, ns)
+    costs = c.pass_costs("d")
+    assert costs[4] == costs[6] == pytest.approx((3 * 1.5 + 1.1) / 4)  # pooled, weighted by samples
+    assert list(costs) == sorted(costs) and costs[8] == pytest.approx(1.8)
+
+
 def test_target_only_never_speculates():
     p = TickPlanner(SchedulerConfig(k_max=0), ["d"])
     p.unlimited()
