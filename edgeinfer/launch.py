@@ -176,7 +176,6 @@ class Launch:
     def __init__(self, nodes: list[Node], cfg: LaunchConfig, log_dir: Path, console: Console):
         self.nodes, self.cfg, self.log_dir, self.console = nodes, cfg, log_dir, console
         self.ctx = zmq.Context()
-        self.failed: list[str] = []
 
     def __enter__(self):
         return self
@@ -202,8 +201,12 @@ class Launch:
             self._say(node, f"started: {' '.join(node.argv[2:4])} ... (log {node.log})")
             if node.ready_endpoint is not None:
                 self._await_hello(node)
-            node.ready_s, node.state = time.monotonic() - node.t_start, "ready" if not node.task else "running"
-            self._say(node, f"ready after {node.ready_s:.1f} s" if not node.task else "running", "green")
+            if node.task:
+                node.state = "running"
+                self._say(node, "running", "green")
+            else:
+                node.ready_s, node.state = time.monotonic() - node.t_start, "ready"
+                self._say(node, f"ready after {node.ready_s:.1f} s", "green")
 
     def _await_hello(self, node: Node) -> None:
         sock = transport.sub(self.ctx, node.ready_endpoint, curve=node.endpoints.curve_keys())
@@ -230,7 +233,6 @@ class Launch:
             node.state = "done" if code == 0 else "failed"
             self._say(node, f"exited with code {code}", "green" if code == 0 else "red")
             if code != 0:
-                self.failed.append(node.command)
                 raise RuntimeError(f"{node.command} exited with code {code}; its log {node.log} ends:\n"
                                    + _tail(node.log))
 
