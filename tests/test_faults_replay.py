@@ -66,8 +66,11 @@ def test_engine_slowed_past_its_budget_still_commands_every_tick(tmp_path, facto
 
 def test_runtime_killed_then_restarted_holds_and_recovers(tmp_path):
     runtime = RuntimeConfig()
+    # fork_nodes: the restarted runtime is a fork of a process that imported edgeinfer once, so that its start
+    # takes a second, not the 5+ s of a cold torch import on a loaded 2-core machine (the recovery, not the
+    # import, is under test)
     cfg = ReplayConfig(log=_log(tmp_path, 14.0), out=tmp_path / "out", runtime=runtime, kill_runtime_at_tick=500,
-                       restart_runtime_after_ms=100.0)
+                       restart_runtime_after_ms=100.0, fork_nodes=True)
     report = replay(cfg, Console(quiet=True))
     _accounting(report)
     _safe(report)
