@@ -14,6 +14,7 @@ CLOCK_MONOTONIC (`time.perf_counter_ns()` on Linux), which every process on one 
 import math
 import re
 import typing
+import warnings
 from dataclasses import dataclass, fields
 from typing import Annotated, Any, ClassVar, Literal, Sequence
 
@@ -220,6 +221,10 @@ _HEADERS = {_header_struct(cls): cls for cls in _REGISTRY.values()}
 _DECODER = msgspec.msgpack.Decoder(typing.Union[tuple(_HEADERS)])
 _ENCODER = msgspec.msgpack.Encoder()
 _ZEROS = np.zeros(_DIM_BOUNDS["H"][1] * _DIM_BOUNDS["D"][1])
+
+
+# inf * 0 is NaN by design below (the non-finite value is then counted as an error): not a warning to print
+warnings.filterwarnings("ignore", "invalid value encountered in dot", RuntimeWarning, module=__name__)
 
 
 def _all_finite(a: np.ndarray) -> bool:
