@@ -81,7 +81,7 @@ class ReplayConfig:
     kill_runtime_at_tick: int | None = None  # fault injection: SIGKILL the runtime when this row is sent
     restart_runtime_after_ms: float | None = None  # ... and start a new runtime process this long after the kill
     stall_runtime_at_tick: int | None = None  # fault injection: SIGSTOP the runtime when this row is sent ...
-    stall_runtime_ms: float = 20.0  # ... and SIGCONT it this long after
+    stall_runtime_ms: float | None = None  # ... and SIGCONT it this long after (20 ms when only the row is given)
     garbage_per_row: int = 0  # fault injection: malformed messages (sim/supervisor.GARBAGE_KINDS) after each row
     # SCHED_FIFO priority of the replayer (best effort; 0 = off). Above the control loop's 60: the replayer stands
     # in for the sensor hardware, whose timing the system under test must not be able to delay.
@@ -120,7 +120,11 @@ class ReplayConfig:
             raise ValueError(f"ReplayConfig.duration_s must be > 0, got {self.duration_s}")
         if self.stall_runtime_at_tick is not None and self.stall_runtime_at_tick < 0:
             raise ValueError(f"ReplayConfig.stall_runtime_at_tick must be >= 0, got {self.stall_runtime_at_tick}")
-        if not 0 < self.stall_runtime_ms <= 60_000:
+        if self.stall_runtime_ms is not None and self.stall_runtime_at_tick is None:
+            raise ValueError(f"ReplayConfig.stall_runtime_ms needs stall_runtime_at_tick, got {self.stall_runtime_ms}")
+        if self.stall_runtime_at_tick is not None and self.stall_runtime_ms is None:
+            self.stall_runtime_ms = 20.0
+        if self.stall_runtime_ms is not None and not 0 < self.stall_runtime_ms <= 60_000:
             raise ValueError(f"ReplayConfig.stall_runtime_ms must be in (0, 60000], got {self.stall_runtime_ms}")
         if not 0 <= self.garbage_per_row <= 100:
             raise ValueError(f"ReplayConfig.garbage_per_row must be in 0..100, got {self.garbage_per_row}")

@@ -248,6 +248,8 @@ def safety_report(commands: dict, q_min_rad, q_max_rad, qd_max_rad_s: float, per
     values, positions outside [q_min, q_max], and steps between consecutive ticks faster than qd_max
     (1e-9 rad of rounding allowed)."""
     ticks = sorted(commands)
+    if not ticks:  # a run stopped before its first command: nothing to check, and nothing unsafe was sent
+        return {"commands_checked": 0, "nonfinite": 0, "outside_position_limits": 0, "over_velocity_limit": 0}
     q = np.array([commands[k][1].q_rad for k in ticks]).reshape(len(ticks), -1)
     finite = np.isfinite(q).all(axis=1)
     outside = (q < np.asarray(q_min_rad) - 1e-9) | (q > np.asarray(q_max_rad) + 1e-9)

@@ -168,3 +168,18 @@ def argparse_namespace():
     import argparse
 
     return argparse.Namespace()
+
+
+def test_a_runtime_stall_needs_its_row_and_defaults_to_20_ms():
+    assert ReplayConfig(stall_runtime_at_tick=5).stall_runtime_ms == 20.0
+    assert ReplayConfig(stall_runtime_at_tick=5, stall_runtime_ms=3.0).stall_runtime_ms == 3.0
+    assert ReplayConfig().stall_runtime_ms is None
+    with pytest.raises(ValueError, match="stall_runtime_ms needs stall_runtime_at_tick"):
+        ReplayConfig(stall_runtime_ms=20.0)  # a stall that would never happen is refused, not ignored
+
+
+def test_a_run_stopped_before_its_first_command_has_a_safety_report():
+    from edgeinfer.sim.supervisor import safety_report
+
+    assert safety_report({}, [-1.0] * 6, [1.0] * 6, 2.0, 4_000_000) == {
+        "commands_checked": 0, "nonfinite": 0, "outside_position_limits": 0, "over_velocity_limit": 0}
