@@ -203,7 +203,8 @@ def hil(cfg: HilConfig, console: Console | None = None) -> dict:
     ep, echo, robot = hil_endpoints(cfg)
     keys = ep.curve_keys()
     cfg.out.mkdir(parents=True, exist_ok=True)
-    console.print(f"hil: on the runtime host run: [bold]{hil_serve_command(cfg, robot)}[/bold]")
+    console.print(f"hil: on the runtime host run: [bold]{hil_serve_command(cfg, robot)}[/bold]\n"
+                  f"hil: waiting up to {cfg.handshake_timeout_s:g} s for it (--handshake-timeout-s)")
     timeout_ns = int(cfg.rtt_timeout_ms * 1e6)
     previous = {s: signal.signal(s, _raise_interrupt) for s in (signal.SIGINT, signal.SIGTERM)}
     control = _spawn("control", cfg.control, ep, cfg.out / "control.log")
