@@ -2,38 +2,14 @@
 the port map asks of another host), and `edgeinfer hil` replays a real Schunk recording against it."""
 import json
 import os
-import random
 import signal
-import socket
 import subprocess
 import sys
 
 import numpy as np
 import pytest
 from edgeinfer.sim.hil import PORT_MAP, HilConfig, hil_endpoints, hil_serve_command, parse_endpoint
-
-
-def _free_port_block(n: int) -> int:
-    """A base port P with P..P+n-1 all free on 127.0.0.1 (held open together while checked), below the kernel's
-    ephemeral range: a ZMQ socket that keeps reconnecting to a port of that range on its own host can be given
-    that very port as its source and connect to itself (TCP simultaneous open), which then blocks the bind."""
-    lowest_ephemeral = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
-    rng = random.Random()
-    for _ in range(50):
-        base = rng.randrange(10_000, lowest_ephemeral - n)
-        socks = []
-        try:
-            for p in range(base, base + n):
-                s = socket.socket()
-                socks.append(s)
-                s.bind(("127.0.0.1", p))
-            return base
-        except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
-    raise RuntimeError("no block of free ports")
+from ports import free_port_block
 
 
 def test_endpoint_maps_to_a_port_block():
@@ -52,7 +28,7 @@ def test_endpoint_maps_to_a_port_block():
 
 @pytest.mark.slow
 def test_hil_against_a_served_runtime(schunk_dir, tmp_path):
-    port = _free_port_block(len(PORT_MAP))
+    port = free_port_block(len(PORT_MAP))
     at = lambda k: f"tcp://127.0.0.1:{port + PORT_MAP[k]}"  # noqa: E731
     serve = subprocess.Popen([sys.executable, "-m", "edgeinfer", "serve", "--chunks", at("chunks"), "--echo-endpoint",
                               at("echo"), "--obs", at("obs"), "--ready", at("ready"), "--status", at("status"),

@@ -6,16 +6,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
+from ports import free_port_block
 
 from edgeinfer.launch import load_nodes
 from edgeinfer.transport import Endpoints
@@ -212,31 +211,11 @@ def test_sigint_tears_the_launch_down(tmp_path):
     assert not _alive(serve_pid)
 
 
-def _free_port_block(n: int) -> int:
-    """A base port P with P..P+n-1 free on 127.0.0.1, below the ephemeral range (as tests/test_hil.py: a ZMQ socket
-    reconnecting to an ephemeral port of its own host can connect to itself and block the bind)."""
-    lowest_ephemeral = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
-    for _ in range(50):
-        base = random.randrange(10_000, lowest_ephemeral - n)
-        socks = []
-        try:
-            for p in range(base, base + n):
-                socks.append(socket.socket())
-                socks[-1].bind(("127.0.0.1", p))
-            return base
-        except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
-    raise RuntimeError("no block of free ports")
-
-
 @pytest.mark.slow
 @pytest.mark.skipif(not MEASUREMENT.is_dir(), reason=f"real Schunk data not found at {MEASUREMENT}")
 def test_hil_launch_file_runs_serve_then_hil(tmp_path):
     # launch/hil.toml itself, on a free port block, 1.5 s of the log, output under tmp_path
-    base = _free_port_block(6)
+    base = free_port_block(6)
     text = (ROOT / "launch" / "hil.toml").read_text()
     for offset in range(6):
         text = text.replace(f"127.0.0.1:{5700 + offset}", f"127.0.0.1:{base + offset}")
