@@ -22,6 +22,14 @@ Exploration is bounded, so that speculation never costs much more than it can wi
       a drafter that starts paying again is noticed. A probe costs a whole chunk at a worse choice, so each
       probe that finds the drafter still behind doubles the wait before its next one (up to 32 x
       probe_every, exponential backoff), and one that finds it ahead resets the wait.
+The model chooses k; realized cost decides whether a drafter may run at all. Each chunk's measured cost per
+committed token (its prefill, drafts and verifies, in units of its prefill) is kept per drafter and for
+target-only chunks (one is decoded at the end of exploration). A drafter whose last two chunks cost more per
+token than target-only's (the median of its last nine), less min_gain, is behind whatever the model expects,
+and is only probed: the
+acceptance model looks back 256 passes, a whole held-out run of 4 chunks, so when an arm's motion changes
+and drafts stop being kept, the realized cost is what notices within a chunk (it also catches what the
+model leaves out: the k = 0 cost is mostly measured on the last pass of a chunk, the longest context).
 Measured costs are made non-decreasing in k (isotonic regression: a longer pass never costs less, so a dip
 is noise); unmeasured k are costed by interpolation between measured ones; past the largest, verification grows
 along the last measured slope and drafting stays flat (a model drafter drafts k tokens in one pass).
@@ -121,7 +129,14 @@ class SpeculationChooser:
         self._probe_wait = dict.fromkeys(self.drafters, probe_every)  # chunks between probes, per drafter
         self._probed: str | None = None  # the drafter the previous chunk probed, judged at the next choice
         ks = sorted({min(k, k_max) for k in (1, 2, 4, 8, 16)}) if k_max else []
-        self._explore = [(d, k) for d in self.drafters for k in ks]
+        self._explore = [(d, k) for d in self.drafters for k in ks] + [(None, 0)] * bool(ks)
+        # realized cost per committed token of the last chunks, per drafter (None: target-only), in prefills
+        # (target-only's is the same on every run, 48 passes: a median of many; a drafter's follows the run)
+        self._realized: dict[str | None, deque] = {d: deque(maxlen=2) for d in self.drafters}
+        self._realized[None] = deque(maxlen=9)
+        self._chunk_drafter: str | None = None  # the chunk in progress: its drafter, cost and tokens so far
+        self._chunk_cost = 0.0
+        self._chunk_tokens = 0
 
     def clear_costs(self) -> None:
         """Forget every measured cost (after warm-up: first calls pay one-off allocation costs)."""
@@ -130,15 +145,21 @@ class SpeculationChooser:
         self._medians.clear()
         self._added.clear()
         self._unit_ns = 0
+        for r in self._realized.values():
+            r.clear()
+        self._chunk_tokens = 0
 
     def record(self, drafter: str | None, op: str, k: int, value: int) -> None:
         """op "prefill" | "draft" | "verify": a duration in ns; "accepted": drafts kept by a pass of k."""
         if op == "prefill":
             self._unit_ns = max(1, value)
+            self._chunk_cost, self._chunk_tokens = 1.0, 1  # the prefill commits the chunk's first token
         elif op == "accepted":
+            self._chunk_tokens += (value + 1) * bool(self._chunk_tokens)  # the kept drafts and the target's token
             if drafter is not None and k > 0:
                 self.acceptance[drafter].record(k, value)
         elif self._unit_ns and (op == "verify" or k > 0):
+            self._chunk_cost += value / self._unit_ns
             key = (op, drafter if op == "draft" else None, k)
             samples = self._ratios[key]
             samples.append(value / self._unit_ns)
@@ -172,18 +193,40 @@ class SpeculationChooser:
         """E[tokens per pass] / E[cost] for k = 0..k_max, (k_max + 1,)."""
         return self.acceptance[drafter].expected_tokens() / self.pass_costs(drafter)
 
+    def _end_chunk(self) -> None:
+        """File the chunk just decoded under its drafter's realized costs (a probe's replaces the older ones)."""
+        if self._chunk_tokens:
+            realized = self._realized[self._chunk_drafter]
+            if self._chunk_drafter is not None and self._chunk_drafter == self._probed:
+                realized.clear()
+            realized.append(self._chunk_cost / self._chunk_tokens)
+        self._chunk_tokens = 0
+
+    def behind(self, drafter: str) -> bool:
+        """True when the drafter's last chunks cost more per committed token than target-only's (measured, or
+        one k = 0 pass per token when none was measured yet), less min_gain: it is not to run, only be probed."""
+        mine, off = self._realized[drafter], self._realized[None]
+        if not mine:
+            return False
+        off_cost = float(np.median(off)) if off else self.pass_costs(drafter)[0]
+        return sum(mine) / len(mine) * self.min_gain > off_cost
+
     def choose(self) -> tuple[str | None, int]:
         """(drafter, k) for the next chunk; (None, 0) is target-only."""
         self._chunks += 1
+        self._end_chunk()
         if not self.drafters or self.k_max == 0:
             return None, 0
         if self._explore:
             d, k = self._explore.pop(0)
-            self._last_run[d] = self._chunks
+            self._chunk_drafter = d
+            if d is not None:
+                self._last_run[d] = self._chunks
             return d, k
         scores = {d: self.tokens_per_cost(d) for d in self.drafters}
-        best_d = max(self.drafters, key=lambda d: scores[d].max())
-        best_k = int(np.argmax(scores[best_d]))
+        running = [d for d in self.drafters if not self.behind(d)]
+        best_d = max(running or self.drafters, key=lambda d: scores[d].max())
+        best_k = int(np.argmax(scores[best_d])) if running else 0
         if scores[best_d][best_k] < self.min_gain * scores[best_d][0]:
             best_k = 0
         if self._probed is not None:  # back off from a drafter its probe found behind, or stop backing off
@@ -196,6 +239,8 @@ class SpeculationChooser:
             best_d = self._probed = min(due, key=self._last_run.get)
             best_k = 1 + int(np.argmax(scores[best_d][1:]))
         if best_k == 0:
+            self._chunk_drafter = None
             return None, 0
         self._last_run[best_d] = self._chunks
+        self._chunk_drafter = best_d
         return best_d, best_k

@@ -17,7 +17,7 @@ def cli_run(schunk_dir, tmp_path_factory):
     stdout = io.StringIO()
     with contextlib.redirect_stdout(stdout):
         code = edgeinfer_cli(["bench", "spec", "--data-dir", str(schunk_dir), "--per-run", "1", "--drafters",
-                              "kinematic", "--ks", "1,4", "--no-peer", "--json", str(out)])
+                              "kinematic", "--ks", "1,4", "--repeats", "2", "--no-peer", "--json", str(out)])
     return code, stdout.getvalue(), json.loads(out.read_text())
 
 
@@ -26,6 +26,8 @@ def test_rows_are_complete_and_consistent(cli_run):
     base = rows["target-only"]
     assert base["target_passes_per_chunk"] == 48 and base["speedup"] == 1.0 and base["exact"]
     assert base["acceptance_rate"] is None and base["chunks"] == 20  # one chunk from each held-out run
+    same = base["same_work_per_run"]  # target-only decoded twice: the noise floor of the per-run figures
+    assert len(same) == 20 and all(v > 0 for v in same.values())
     fixed = next(r for r in rows.values() if r["name"].startswith("kinematic k="))
     assert fixed["k"] in (1, 4) and fixed["exact"] and 0 < fixed["acceptance_rate"] < 1
     assert fixed["target_passes_per_chunk"] < 48

@@ -62,9 +62,9 @@ def test_truncated_passes_only_say_the_run_was_at_least_k():
 
 def test_exploration_tries_each_drafter_at_a_few_k_first():
     cheap = {"a": lambda k: 1, "b": lambda k: 1}
-    _, choices = _run(cheap, lambda k: 400 + 10 * k, {"a": 0.5, "b": 0.5}, drafters=("a", "b"), chunks=10)
-    assert choices[:8] == [(d, k) for d in "ab" for k in (1, 2, 4, 8)]  # k_max = 8
-    assert all(k > 0 for _, k in choices[8:])  # both pay (equal drafters): speculation stays on
+    _, choices = _run(cheap, lambda k: 400 + 10 * k, {"a": 0.5, "b": 0.5}, drafters=("a", "b"), chunks=14)
+    assert choices[:9] == [(d, k) for d in "ab" for k in (1, 2, 4, 8)] + [(None, 0)]  # k_max = 8; then target-only
+    assert all(k > 0 for _, k in choices[9:])  # both pay (equal drafters): speculation stays on
 
 
 def test_cheap_drafts_and_high_acceptance_speculate_deeply():
@@ -77,6 +77,29 @@ def test_speculation_turns_off_when_it_does_not_pay():
     _, choices = _run({"d": lambda k: 400 * k}, lambda k: 400 + 10 * k, {"d": 0.1}, chunks=140)
     late = [k for _, k in choices[40:]]
     assert late.count(0) >= 95 and 1 <= sum(k > 0 for k in late) <= 4  # off, with a probe every 32 chunks
+
+
+def test_a_drafter_whose_drafts_stop_being_kept_is_turned_off_within_a_chunk_or_two():
+    # 80 chunks of smooth motion (8 in 10 drafts kept), then the motion changes and none is kept: the
+    # acceptance model still remembers 256 good passes, the realized cost per token says target-only is faster
+    rates = iter([0.8] * 80 + [0.0] * 40)
+    p = TickPlanner(SchedulerConfig(k_max=8), ["d"])
+    p.unlimited()
+    choices = []
+    for c, rate in enumerate(rates):
+        name = p.choose()
+        k = p._chunk_k
+        choices.append(k)
+        p.record("prefill", 0, PREFILL_US * 1000)
+        for i in range(6):
+            p.record("draft", k, 100_000 * k if name else 0)
+            p.record("verify", k, (PREFILL_US + 10 * k) * 1000)
+            kept = k if name and (c * 7 + i) % 10 < rate * 10 else 0
+            p.record("accepted", k, kept)
+    assert all(k >= 2 for k in choices[20:80])  # drafts kept: deep speculation
+    assert p.chooser.acceptance["d"].expected_tokens()[8] > 2  # the model still expects drafts to be kept ...
+    late = choices[82:]
+    assert late.count(0) >= len(late) - 2  # ... but speculation is off, and only probed
 
 
 def test_the_choice_maximises_expected_tokens_per_second():
