@@ -36,6 +36,7 @@ along the last measured slope and drafting stays flat (a model drafter drafts k 
 """
 from __future__ import annotations
 
+import statistics
 from collections import defaultdict, deque
 from typing import Sequence
 
@@ -122,6 +123,7 @@ class SpeculationChooser:
         self._ratios: dict[tuple, deque] = defaultdict(lambda: deque(maxlen=window))
         self._ks: dict[tuple, set] = defaultdict(set)  # (op, drafter) -> k measured
         self._medians: dict[tuple, float] = {}  # refreshed early, then every 8th sample: choose() stays cheap
+        self._curves: dict[tuple, np.ndarray] = {}  # (op, drafter) -> cost for every k, from those medians
         self._added: dict[tuple, int] = defaultdict(int)
         self._unit_ns = 0
         self._chunks = 0
@@ -143,6 +145,7 @@ class SpeculationChooser:
         self._ratios.clear()
         self._ks.clear()
         self._medians.clear()
+        self._curves.clear()
         self._added.clear()
         self._unit_ns = 0
         for r in self._realized.values():
@@ -167,6 +170,7 @@ class SpeculationChooser:
             self._added[key] += 1  # (a full window's length stays put: count the samples instead)
             if self._added[key] < 16 or self._added[key] % 8 == 0:
                 self._medians.pop(key, None)
+                self._curves.pop(key[:2], None)
 
     def _median(self, key: tuple) -> float:
         if key not in self._medians:
@@ -179,15 +183,23 @@ class SpeculationChooser:
         return ks, _nondecreasing([self._median((op, drafter, k)) for k in ks],
                                   [len(self._ratios[(op, drafter, k)]) for k in ks])
 
+    def _curve(self, op: str, drafter: str | None) -> np.ndarray:
+        """Cost of `op` for k = 0..k_max (see pass_costs), kept until one of its medians is refreshed: choose()
+        runs every chunk, on the runtime's budget, and most curves have not moved since the last one."""
+        if (curve := self._curves.get((op, drafter))) is None:
+            ks, costs = self._measured(op, drafter)
+            at = np.arange(self.k_max + 1)
+            if op == "verify":
+                curve = _line(ks, costs, at) if 0 in ks else _line([0, *ks], [1.0, *costs], at)
+            else:
+                curve = _line([0, *ks], [0.0, *costs], at, grow=False)
+            self._curves[(op, drafter)] = curve
+        return curve
+
     def pass_costs(self, drafter: str) -> np.ndarray:
         """Estimated draft + verify cost of a pass for k = 0..k_max, in units of a prefill pass, (k_max + 1,).
         Verify starts from 1.0 at k = 0 (a one-token target pass) until measured; drafting from 0 at k = 0."""
-        at = np.arange(self.k_max + 1)
-        vk, vr = self._measured("verify", None)
-        if 0 not in vk:
-            vk, vr = [0, *vk], [1.0, *vr]
-        dk, dr = self._measured("draft", drafter)
-        return _line(vk, vr, at) + _line([0, *dk], [0.0, *dr], at, grow=False)
+        return self._curve("verify", None) + self._curve("draft", drafter)
 
     def tokens_per_cost(self, drafter: str) -> np.ndarray:
         """E[tokens per pass] / E[cost] for k = 0..k_max, (k_max + 1,)."""
@@ -208,7 +220,7 @@ class SpeculationChooser:
         mine, off = self._realized[drafter], self._realized[None]
         if not mine:
             return False
-        off_cost = float(np.median(off)) if off else self.pass_costs(drafter)[0]
+        off_cost = statistics.median(off) if off else self.pass_costs(drafter)[0]
         return sum(mine) / len(mine) * self.min_gain > off_cost
 
     def choose(self) -> tuple[str | None, int]:
