@@ -5,7 +5,10 @@ Both sides run in one invocation, interleaved per scenario, on loopback TCP betw
 - edgeinfer: this process publishes an Observation (wire.encode, PUB) to a real runtime node
   (`edgeinfer serve --null-policy true`: the node loop, decode, a policy that costs nothing, encode,
   chunk PUB) and times until the ActionChunk for that observation is decoded here;
-- floor: edgeinfer.floors.raw_zmq_round_trip_ns, a REQ/REP echo of the same number of bytes.
+- floor: edgeinfer.floors.raw_zmq_round_trip_ns, a REQ/REP echo of the same number of bytes (the bar);
+- pattern floor: edgeinfer.floors.raw_pubsub_round_trip_ns, edgeinfer's own frames echoed over PUB/SUB,
+  the pattern edgeinfer's nodes use, with no edgeinfer code on the path. What lies between it and the
+  edgeinfer column is edgeinfer's code (encode, decode, the node loop); between it and the floor, the pattern.
 
 Scenarios: back to back, and with an idle gap before each message (a sleeping receiver must wake up).
 """
@@ -24,7 +27,7 @@ import zmq
 
 from edgeinfer import transport
 from edgeinfer.config_cli import to_argv
-from edgeinfer.floors import raw_zmq_round_trip_ns
+from edgeinfer.floors import raw_pubsub_round_trip_ns, raw_zmq_round_trip_ns
 from edgeinfer.lifecycle import PARENT_PID_ENV
 from edgeinfer.runtime import RuntimeConfig
 from edgeinfer.wire import ActionChunk, Observation, Start, Stop, encode
@@ -108,23 +111,26 @@ class NullRuntimeNode:
         self.close()
 
 
-def _row(name: str, ours: np.ndarray, floor: np.ndarray) -> dict:
+def _row(name: str, ours: np.ndarray, floor: np.ndarray, pattern: np.ndarray) -> dict:
     p = lambda a, q: float(np.percentile(a, q) / 1e3)  # noqa: E731
     return {"scenario": name, "n": len(ours),
             "edgeinfer_p50_us": p(ours, 50), "edgeinfer_p99_us": p(ours, 99),
             "raw_zmq_p50_us": p(floor, 50), "raw_zmq_p99_us": p(floor, 99),
+            "raw_pubsub_p50_us": p(pattern, 50), "raw_pubsub_p99_us": p(pattern, 99),
             "ratio_p50": p(ours, 50) / p(floor, 50), "ratio_p99": p(ours, 99) / p(floor, 99)}
 
 
 def run(n: int = 2000, n_idle: int = 100, idle_gap_ms: float = 100.0, log_path: Path | None = None) -> list[dict]:
     """Both scenarios, edgeinfer and the floor side by side. Returns one dict per scenario."""
     size = payload_bytes()
+    frames = [bytes(f) for f in encode(_observation(0))]
     rows = []
     with NullRuntimeNode(log_path) as node:
         for name, count, gap in (("back to back", n, 0.0), (f"idle {idle_gap_ms:g} ms", n_idle, idle_gap_ms)):
             ours = node.round_trip_ns(count, gap)
             floor = raw_zmq_round_trip_ns(size, count, gap)
-            rows.append(_row(name, ours, floor))
+            pattern = raw_pubsub_round_trip_ns(frames, count, gap)
+            rows.append(_row(name, ours, floor, pattern))
     return rows
 
 
@@ -140,11 +146,12 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("need --n >= 10, --n-idle >= 10, --idle-gap-ms > 0")
     rows = run(args.n, args.n_idle, args.idle_gap_ms)
     print(f"observation -> chunk round trip, {payload_bytes()} B payload, loopback TCP, two processes (us)")
-    print(f"{'scenario':<16} {'n':>6} {'edgeinfer p50':>14} {'p99':>8} {'raw zmq p50':>12} {'p99':>8} "
-          f"{'x p50':>6} {'x p99':>6}")
+    print(f"{'scenario':<16} {'n':>6} {'edgeinfer p50':>14} {'p99':>8} {'raw REQ/REP p50':>16} {'p99':>8} "
+          f"{'x p50':>6} {'x p99':>6} {'raw PUB/SUB p50':>16} {'p99':>8}")
     for r in rows:
         print(f"{r['scenario']:<16} {r['n']:>6} {r['edgeinfer_p50_us']:>14.1f} {r['edgeinfer_p99_us']:>8.1f} "
-              f"{r['raw_zmq_p50_us']:>12.1f} {r['raw_zmq_p99_us']:>8.1f} {r['ratio_p50']:>6.2f} {r['ratio_p99']:>6.2f}")
+              f"{r['raw_zmq_p50_us']:>16.1f} {r['raw_zmq_p99_us']:>8.1f} {r['ratio_p50']:>6.2f} {r['ratio_p99']:>6.2f} "
+              f"{r['raw_pubsub_p50_us']:>16.1f} {r['raw_pubsub_p99_us']:>8.1f}")
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))
     return 0

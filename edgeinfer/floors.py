@@ -2,6 +2,8 @@
 
 `raw_zmq_round_trip_ns` is the floor for an observation -> command round trip: a plain pyzmq REQ/REP
 echo over loopback TCP between two processes, with no edgeinfer code on the path.
+`raw_pubsub_round_trip_ns` is the same echo over the pattern edgeinfer's nodes use (a PUB out, a SUB back, on
+each side) with edgeinfer's own frames: the floor of that pattern, still with no edgeinfer code on the path.
 """
 from __future__ import annotations
 
@@ -29,6 +31,81 @@ while True:
     rep.send_multipart(frames, copy=False)
 ctx.destroy(linger=0)
 """
+
+
+_PUBSUB_ECHO = """
+import sys, zmq
+ctx = zmq.Context()
+sub = ctx.socket(zmq.SUB)
+sub.setsockopt(zmq.LINGER, 0)
+sub.setsockopt(zmq.SUBSCRIBE, b"")
+sub.setsockopt(zmq.RCVTIMEO, 60_000)  # an orphan (its parent killed) exits after a minute of silence
+sub.connect(sys.argv[1])
+pub = ctx.socket(zmq.PUB)
+pub.setsockopt(zmq.LINGER, 0)
+print(pub.bind_to_random_port("tcp://127.0.0.1"), flush=True)
+while True:
+    try:
+        frames = sub.recv_multipart(copy=False)
+    except zmq.Again:
+        break
+    if len(frames) == 1 and frames[0].bytes == b"stop":
+        break
+    pub.send_multipart(frames, copy=False)
+ctx.destroy(linger=0)
+"""
+
+
+def raw_pubsub_round_trip_ns(frames: list[bytes], n: int, idle_gap_ms: float = 0.0, warmup: int = 50,
+                             timeout_s: float = 10.0) -> np.ndarray:
+    """Round-trip times (ns, shape (n,), int64) of a raw pyzmq PUB/SUB echo over tcp://127.0.0.1: this process
+    publishes `frames` (one multipart message) and a child process publishes them straight back, each side
+    reading with a SUB. Otherwise as raw_zmq_round_trip_ns. Raises ValueError for bad arguments, RuntimeError
+    when the echo process does not start or its subscription does not come up within timeout_s."""
+    if not frames or n < 1 or idle_gap_ms < 0 or warmup < 0:
+        raise ValueError(f"need frames, n >= 1, idle_gap_ms >= 0, warmup >= 0; got {len(frames)} frames, {n}, "
+                         f"{idle_gap_ms}, {warmup}")
+    ctx = zmq.Context()
+    pub, sub = ctx.socket(zmq.PUB), ctx.socket(zmq.SUB)
+    peer = None
+    try:
+        for s in (pub, sub):
+            s.setsockopt(zmq.LINGER, 0)
+        sub.setsockopt(zmq.SUBSCRIBE, b"")
+        port = pub.bind_to_random_port("tcp://127.0.0.1")
+        peer = subprocess.Popen([sys.executable, "-c", _PUBSUB_ECHO, f"tcp://127.0.0.1:{port}"],
+                                stdout=subprocess.PIPE, text=True)
+        line = peer.stdout.readline()
+        if not line.strip().isdigit():
+            raise RuntimeError(f"raw zmq PUB/SUB echo process did not start (exit code {peer.poll()})")
+        sub.connect(f"tcp://127.0.0.1:{int(line)}")
+        deadline = time.monotonic() + timeout_s
+        while not sub.poll(10):  # both subscriptions are up once a probe comes back (PUB drops until then)
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"raw zmq PUB/SUB echo: no reply within {timeout_s} s")
+            pub.send(b"probe")
+        time.sleep(0.05)
+        while sub.poll(0):  # the probes still in flight
+            sub.recv_multipart()
+        out = np.empty(n, dtype=np.int64)
+        for i in range(-warmup, n):
+            if idle_gap_ms > 0 and i >= 0:
+                time.sleep(idle_gap_ms / 1000)
+            t = time.perf_counter_ns()
+            pub.send_multipart(frames, copy=False)
+            sub.recv_multipart(copy=False)
+            if i >= 0:
+                out[i] = time.perf_counter_ns() - t
+        pub.send(b"stop")
+        return out
+    finally:
+        ctx.destroy(linger=0)
+        if peer is not None:
+            try:
+                peer.wait(timeout=2)
+            except subprocess.TimeoutExpired:
+                peer.kill()
+                peer.wait()
 
 
 def raw_zmq_round_trip_ns(payload_bytes: int, n: int, idle_gap_ms: float = 0.0, warmup: int = 50) -> np.ndarray:

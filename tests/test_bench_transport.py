@@ -1,0 +1,39 @@
+"""`edgeinfer bench transport` and its raw pyzmq floors: real processes on loopback sockets; structure, never
+timings (the figures are reported by the command, not asserted)."""
+import numpy as np
+import pytest
+
+from edgeinfer.bench_transport import main, payload_bytes, run
+from edgeinfer.floors import raw_pubsub_round_trip_ns, raw_zmq_round_trip_ns
+
+
+def test_raw_floors_echo_every_message():
+    frames = [b"header", bytes(48), bytes(48), bytes(48)]
+    pubsub = raw_pubsub_round_trip_ns(frames, 30, warmup=5)
+    reqrep = raw_zmq_round_trip_ns(150, 30, idle_gap_ms=1.0, warmup=5)
+    for t in (pubsub, reqrep):
+        assert t.shape == (30,) and t.dtype == np.int64 and (t > 0).all()
+
+
+def test_raw_floor_arguments_are_checked():
+    with pytest.raises(ValueError, match="frames"):
+        raw_pubsub_round_trip_ns([], 10)
+    with pytest.raises(ValueError, match="n >= 1"):
+        raw_zmq_round_trip_ns(10, 0)
+
+
+def test_run_gives_one_consistent_row_per_scenario():
+    rows = run(n=30, n_idle=10, idle_gap_ms=2.0)
+    assert [r["scenario"] for r in rows] == ["back to back", "idle 2 ms"]
+    for r in rows:
+        assert r["ratio_p50"] == pytest.approx(r["edgeinfer_p50_us"] / r["raw_zmq_p50_us"])
+        assert r["ratio_p99"] == pytest.approx(r["edgeinfer_p99_us"] / r["raw_zmq_p99_us"])
+        for side in ("edgeinfer", "raw_zmq", "raw_pubsub"):
+            assert 0 < r[f"{side}_p50_us"] <= r[f"{side}_p99_us"]
+    assert payload_bytes() > 144
+
+
+def test_bad_arguments_are_refused_by_name(capsys):
+    with pytest.raises(SystemExit):
+        main(["--n", "3"])
+    assert "--n >= 10" in capsys.readouterr().err
