@@ -171,7 +171,7 @@ def bench_spec(policy: Policy | None = None, data_dir: Path | None = None, per_r
     base = _Row("target-only")
     fixed = {(name, k): _Row(f"{name} k={k}") for name in drafters for k in ks}
     adapt = {name: _Row("adaptive (drafter, k)" if name == AUTO else f"{name} adaptive") for name in choices}
-    per_run_rates, same_work = {}, {}
+    per_run_rates, per_run_passes, same_work = {}, {}, {}
     # Warm-up, as the runtime's before its start: first calls pay one-off costs, and the adaptive planners
     # explore (edgeinfer.adaptive) on chunks of the training runs, never on the measured ones.
     warm_feats, _, _ = sample_windows(policy, WARMUP_CHUNKS, seed=0, data_dir=data_dir, split="train")
@@ -195,6 +195,7 @@ def bench_spec(policy: Policy | None = None, data_dir: Path | None = None, per_r
             _side_by_side(jobs, engine, policy, f, Greedy(), repeats)
         per_run_rates[run] = {name: round(run_adapt[name].tokens_per_s() / run_base.tokens_per_s(), 3)
                               for name in choices}
+        per_run_passes[run] = {name: round(run_adapt[name].passes / run_adapt[name].chunks, 2) for name in choices}
         same_work[run] = round(run_again.tokens_per_s() / run_base.tokens_per_s(), 3)
     bar.stop()
     base.identical = base.chunks  # the reference itself
@@ -207,7 +208,9 @@ def bench_spec(policy: Policy | None = None, data_dir: Path | None = None, per_r
             rows.append(row.summary(policy, offsets) | {"k": best[name]})
         rows.append(adapt[name].summary(policy, offsets) | {
             "vs_best_fixed": round(adapt[name].tokens_per_s() / row.tokens_per_s(), 3),
-            "per_run_vs_target_only": {run: r[name] for run, r in per_run_rates.items()}})
+            "per_run_vs_target_only": {run: r[name] for run, r in per_run_rates.items()},
+            # what the adaptive row did on each run (48 = target-only's): tells speculation from timing noise
+            "per_run_target_passes_per_chunk": {run: r[name] for run, r in per_run_passes.items()}})
     name, k = best[AUTO]
     relaxed, sampled = _Row(f"{name} k={k} relaxed +/-1 bin", lossy=True), _Row(f"{name} k={k} sampling T=1")
     rule = Sampling(temperature=1.0, seed=0)
@@ -254,8 +257,9 @@ def print_table(result: dict, console: Console | None = None) -> None:
         if "per_run_vs_target_only" in r:
             runs = r["per_run_vs_target_only"]
             worst = min(runs, key=runs.get)
+            passes = r["per_run_target_passes_per_chunk"][worst]
             console.print(f"{r['name']}: {r['vs_best_fixed']:.3f}x the best fixed (drafter, k); worst held-out run "
-                          f"{worst} at {runs[worst]:.2f}x target-only")
+                          f"{worst} at {runs[worst]:.2f}x target-only ({passes:.1f} target passes per chunk there)")
     same = result.get("same_work_per_run")
     if same:
         console.print(f"identical work (target-only decoded twice), the noise floor of the figures above: held-out "

@@ -34,6 +34,8 @@ def test_rows_are_complete_and_consistent(cli_run):
     assert fixed["action_rmse_rad"] == base["action_rmse_rad"]  # exact: the very same actions
     adaptive = rows["kinematic adaptive"]
     assert adaptive["exact"] and len(adaptive["per_run_vs_target_only"]) == 20 and adaptive["vs_best_fixed"] > 0
+    passes = adaptive["per_run_target_passes_per_chunk"]  # one chunk per run: that chunk's passes
+    assert len(passes) == 20 and all(1 <= p <= 48 for p in passes.values())
     relaxed = next(r for r in rows.values() if "relaxed" in r["name"])
     assert not relaxed["exact"] and relaxed["exact_by"] == "lossy"
     sampled = next(r for r in rows.values() if "sampling" in r["name"])
