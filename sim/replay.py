@@ -194,7 +194,8 @@ def policy_shape(runtime: RuntimeConfig, log: ArmLog) -> dict:
 
 def check_run_fits(log: ArmLog, policy: dict, cfg: ReplayConfig, deadline_ms: float) -> None:
     """Raise LogError when the policy (see policy_shape) cannot run on this log (joint count, control rate),
-    ValueError when the control settings cannot (limits for another joint count, a phase past the deadline)."""
+    ValueError when the control settings cannot (limits for another joint count, a phase past the deadline)
+    or a runtime kill or stall is asked for at a row the log does not reach."""
     if log.n_joints != policy["n_joints"]:
         raise LogError(f"{log.name}: log has {log.n_joints} joints, the policy expects {policy['n_joints']}")
     rate = policy["control_rate_hz"]
@@ -208,6 +209,11 @@ def check_run_fits(log: ArmLog, policy: dict, cfg: ReplayConfig, deadline_ms: fl
     if cfg.control.phase_ms >= deadline_ms:
         raise ValueError(f"ControlConfig.phase_ms={cfg.control.phase_ms} is not before the {deadline_ms} ms "
                          "deadline: every command would be late")
+    for name in ("kill_runtime_at_tick", "stall_runtime_at_tick"):  # a fault asked for must happen
+        if (row := getattr(cfg, name)) is not None and row >= len(log):
+            raise ValueError(f"ReplayConfig.{name}={row} is past the last row of {log.name} ({len(log)} rows"
+                             f"{' after --duration-s' if cfg.duration_s is not None else ''}): the fault would "
+                             "never be injected")
 
 
 def replay(cfg: ReplayConfig, console: Console | None = None) -> dict:

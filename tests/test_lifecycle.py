@@ -47,4 +47,9 @@ def test_runs_that_cannot_work_are_refused_up_front():
     short = SafetyLimits(q_min_rad=[-1.0] * 3, q_max_rad=[1.0] * 3)
     with pytest.raises(ValueError, match=r"have \[3\] entries, the log has 6 joints"):
         check_run_fits(log, manifest, ReplayConfig(control=ControlConfig(limits=short)), 4.0)
+    with pytest.raises(ValueError, match=r"stall_runtime_at_tick=125 is past the last row .*125 rows"):
+        check_run_fits(log, manifest, ReplayConfig(stall_runtime_at_tick=125), 4.0)
+    with pytest.raises(ValueError, match=r"kill_runtime_at_tick=900 is past the last row"):
+        check_run_fits(log, manifest, ReplayConfig(kill_runtime_at_tick=900), 4.0)
+    check_run_fits(log, manifest, ReplayConfig(stall_runtime_at_tick=124), 4.0)  # the last row
     check_run_fits(log, manifest, ReplayConfig(), 4.0)  # the defaults fit
