@@ -3,55 +3,72 @@ build (an engine, quality-gated)."""
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 from pathlib import Path
 
-from edgeinfer.bench import BenchConfig
 from edgeinfer.config_cli import add_options, build, load_launch
-from edgeinfer.control.loop import ControlConfig
-from edgeinfer.engines.build import BuildConfig
-from edgeinfer.engines.distill import DistillConfig
-from edgeinfer.engines.train import TrainConfig
-from edgeinfer.launch import LaunchConfig
-from edgeinfer.runtime import RuntimeConfig
-from edgeinfer.sim.hil import HilConfig
-from edgeinfer.sim.replay import ReplayConfig
-from edgeinfer.sim.sweep import SweepConfig
-from edgeinfer.transport import Endpoints
+
+# The config classes behind each command's options, imported only for the command being run: a node that
+# does not run the policy (control, replay, hil, launch, ...) then never imports torch (~4 s per start).
+CONFIGS = {
+    "replay": ("edgeinfer.sim.replay:ReplayConfig",),
+    "launch": ("edgeinfer.launch:LaunchConfig",),
+    "serve": ("edgeinfer.runtime:RuntimeConfig", "edgeinfer.transport:Endpoints"),
+    "control": ("edgeinfer.control.loop:ControlConfig", "edgeinfer.transport:Endpoints"),
+    "train": ("edgeinfer.engines.train:TrainConfig",),
+    "distill": ("edgeinfer.engines.distill:DistillConfig",),
+    "build": ("edgeinfer.engines.build:BuildConfig",),
+    "hil": ("edgeinfer.sim.hil:HilConfig",),
+    "sweep": ("edgeinfer.sim.sweep:SweepConfig",),
+    "bench": ("edgeinfer.bench:BenchConfig",),
+}
+
+
+def _config(name: str) -> type:
+    module, _, attr = name.partition(":")
+    return getattr(importlib.import_module(module), attr)
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    chosen = argv[0] if argv else None
+
+    def add(p: argparse.ArgumentParser, command: str) -> None:  # the command's options, when it is the one run
+        if command == chosen:
+            add_options(p, *(_config(c) for c in CONFIGS[command]))
+
     parser = argparse.ArgumentParser(prog="edgeinfer", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("replay", help="replay a recorded arm log through runtime + control over ZeroMQ")
     p.add_argument("--launch", type=Path, default=None, help="TOML launch file filling these options")
-    add_options(p, ReplayConfig)
+    add(p, "replay")
     p = sub.add_parser("launch", help="start and supervise the nodes of a TOML launch file (launch/*.toml); "
                                       "exits non-zero when any node failed")
     p.add_argument("file", type=Path, help="launch file: one table per node, named by its command ([serve], "
                                            "[replay], ...), started in the file's order")
-    add_options(p, LaunchConfig)
+    add(p, "launch")
     p = sub.add_parser("serve", help="run the runtime node (observations in, action chunks out)")
-    add_options(p, RuntimeConfig, Endpoints)
+    add(p, "serve")
     p = sub.add_parser("control", help="run the fixed-rate control loop node")
-    add_options(p, ControlConfig, Endpoints)
+    add(p, "control")
     p = sub.add_parser("train", help="train the target policy on the Schunk recordings")
-    add_options(p, TrainConfig)
+    add(p, "train")
     p = sub.add_parser("distill", help="distill the learned drafter from the target on the training runs")
-    add_options(p, DistillConfig)
+    add(p, "distill")
     p = sub.add_parser("build", help="build an engine (backend, precision, device), gated on held-out quality")
-    add_options(p, BuildConfig)
+    add(p, "build")
     p = sub.add_parser("keys", help="write ZeroMQ CURVE key pairs for non-loopback endpoints (--curve-dir DIR)")
     p.add_argument("dir", type=Path, help="directory to create them in (never overwritten)")
     p = sub.add_parser("hil", help="hardware in the loop: replay a log here (replayer + control loop) against a "
                                    "runtime on another host (`edgeinfer serve` there; tcp://HOST:PORT is its chunk "
                                    "publisher, the run uses ports PORT..PORT+5); separates network from inference")
-    add_options(p, HilConfig)
+    add(p, "hil")
     p = sub.add_parser("sweep", help="many replays (logs x configurations from a TOML file, e.g. "
                                      "benchmarks/sweep.toml) as Ray tasks, on a cluster (--address) or local Ray; "
                                      "one table of the results (needs the `sweep` extra)")
     p.add_argument("file", type=Path, help="sweep file: [sweep] logs, out; [base]; [configs.NAME]; [grid]")
-    add_options(p, SweepConfig)
+    add(p, "sweep")
     p = sub.add_parser("compare", help="compare two replay reports (A = baseline, B = candidate) figure by "
                                        "figure, with verdicts from the confidence intervals")
     p.add_argument("a", type=Path, metavar="A.json")
@@ -67,8 +84,7 @@ def main(argv: list[str] | None = None) -> int:
                                    "zmq and wake-up floors), target-only vs speculative; --scenarios names a file "
                                    "in benchmarks/ (default, quick) or a TOML path. Suites with their own -h: "
                                    "`edgeinfer bench engines`, `edgeinfer bench spec`.")
-    add_options(p, BenchConfig)
-    argv = sys.argv[1:] if argv is None else list(argv)
+    add(p, "bench")
     if argv[:1] == ["bench"] and argv[1:2] in (["engines"], ["spec"], ["transport"]):  # a suite: its own parser and -h
         args = argparse.Namespace(command="bench", suite=argv[1], rest=argv[2:])
     else:
@@ -88,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _run(args, parser) -> int:
     if args.command == "replay":
-        from edgeinfer.sim.replay import replay
+        from edgeinfer.sim.replay import ReplayConfig, replay
 
         launch_dir = args.launch.resolve().parent if args.launch else None
         launch = load_launch(args.launch, "replay")
@@ -103,23 +119,25 @@ def _run(args, parser) -> int:
             return 130
         return 0 if all(code == 0 for code in report["process_exit_codes"].values()) else 1
     if args.command == "launch":
-        from edgeinfer.launch import launch
+        from edgeinfer.launch import LaunchConfig, launch
 
         return launch(args.file, build(LaunchConfig, args))
     if args.command == "serve":
-        from edgeinfer.runtime import serve
+        from edgeinfer.runtime import RuntimeConfig, serve
+        from edgeinfer.transport import Endpoints
 
         serve(build(RuntimeConfig, args), build(Endpoints, args))
         return 0
     if args.command == "control":
-        from edgeinfer.control.loop import ControlLoop
+        from edgeinfer.control.loop import ControlConfig, ControlLoop
+        from edgeinfer.transport import Endpoints
 
         with ControlLoop(build(ControlConfig, args), build(Endpoints, args)) as loop:
             stats = loop.run(loop.handshake())
         print(f"control: {stats}")
         return 0
     if args.command == "train":
-        from edgeinfer.engines.train import train
+        from edgeinfer.engines.train import TrainConfig, train
 
         cfg = build(TrainConfig, args)
         policy = train(cfg)
@@ -143,7 +161,7 @@ def _run(args, parser) -> int:
 
         return bench(args.rest)
     if args.command == "distill":
-        from edgeinfer.engines.distill import distill
+        from edgeinfer.engines.distill import DistillConfig, distill
         from edgeinfer.engines.policy import load_policy
 
         cfg = build(DistillConfig, args)
@@ -155,14 +173,14 @@ def _run(args, parser) -> int:
 
         return compare(args.a, args.b, args.json, args.fail_on_regression, args.alpha)
     if args.command == "hil":
-        from edgeinfer.sim.hil import hil
+        from edgeinfer.sim.hil import HilConfig, hil
 
         cfg = build(HilConfig, args)
         report = hil(cfg)
         print(f"wrote {cfg.out}/: report.json, ticks.csv, latency_histogram.png, latency.png, stages.png, control.log")
         return 130 if report["interrupted"] else (0 if report["process_exit_codes"]["control"] == 0 else 1)
     if args.command == "sweep":
-        from edgeinfer.sim.sweep import sweep
+        from edgeinfer.sim.sweep import SweepConfig, sweep
 
         rows = sweep(args.file, build(SweepConfig, args))
         return 0 if all(r["status"] == "ok" for r in rows) else 1
@@ -173,6 +191,7 @@ def _run(args, parser) -> int:
             print(f"wrote {path}")
         return 0
     if args.command == "build":
+        from edgeinfer.engines.build import BuildConfig
         from edgeinfer.engines.build import build as build_engine
 
         return 0 if build_engine(build(BuildConfig, args))["passed"] else 1

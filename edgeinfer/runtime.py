@@ -24,9 +24,8 @@ import zmq
 from edgeinfer import faults, transport
 from edgeinfer.acceptance import Greedy, Relaxed, Sampling
 from edgeinfer.clock import now_ns, pin_to_cpus
-from edgeinfer.engines.build import load_engine
 from edgeinfer.engines.drafters import DRAFTERS, make_drafter
-from edgeinfer.engines.policy import DEFAULT_POLICY, load_policy
+from edgeinfer.engines.paths import DEFAULT_POLICY
 from edgeinfer.faults import FaultConfig
 from edgeinfer.lifecycle import ParentWatch
 from edgeinfer.liveliness import Beacon, Lease
@@ -116,6 +115,9 @@ class PolicyRuntime:
     """In-process API: build one ActionChunk per observation within the scheduler's budget."""
 
     def __init__(self, cfg: RuntimeConfig):
+        from edgeinfer.engines.build import load_engine  # torch: only a node that runs the policy loads it
+        from edgeinfer.engines.policy import load_policy
+
         self.cfg = cfg
         self.policy = load_policy(cfg.policy)
         self.engine = load_engine(self.policy, cfg.backend, cfg.precision, cfg.device, threads=cfg.threads)

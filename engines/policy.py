@@ -14,11 +14,9 @@ from pathlib import Path
 import numpy as np
 import torch
 from edgeinfer.engines.model import ActionTransformer, PolicyConfig
+from edgeinfer.engines.paths import DEFAULT_POLICY, WEIGHTS_DIR  # noqa: F401 (re-exported)
 
 from edgeinfer.tokenizer import ActionTokenizer
-
-WEIGHTS_DIR = Path(__file__).resolve().parent / "weights"
-DEFAULT_POLICY = WEIGHTS_DIR / "schunk_target.json"
 
 
 def observation_features(q_rad: np.ndarray, qd_rad_s: np.ndarray, q_prev_rad: np.ndarray) -> np.ndarray:

@@ -28,7 +28,9 @@ from pathlib import Path
 
 from edgeinfer.lifecycle import PARENT_PID_ENV
 
-PRELOAD = "edgeinfer.cli"  # everything a node imports (torch through the engines)
+# everything a node imports: the command line, both nodes, and torch through the engines (the command line
+# imports a command's modules only when it runs)
+PRELOAD = "edgeinfer.cli,edgeinfer.runtime,edgeinfer.control.loop,edgeinfer.engines.build"
 START_TIMEOUT_S = 300.0  # the server's imports on a loaded machine, and one fork
 
 
@@ -144,13 +146,14 @@ def _server() -> _Client:
 
 
 def serve_forks(preload: str) -> None:
-    """The fork server's main loop (its own process): import `preload`, then fork a node per request line on
-    stdin and report its pid, and every node's exit, on stdout; exit at EOF on stdin."""
+    """The fork server's main loop (its own process): import `preload` (comma-separated modules), then fork a
+    node per request line on stdin and report its pid, and every node's exit, on stdout; exit at EOF on stdin."""
     import importlib
 
     replies = os.fdopen(os.dup(1), "wb", buffering=0)
     os.dup2(2, 1)  # a stray print of an import must not corrupt the replies
-    importlib.import_module(preload)
+    for module in preload.split(","):
+        importlib.import_module(module)
     replies.write(b'{"ready": true}\n')
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)

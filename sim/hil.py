@@ -36,7 +36,7 @@ from typing import Literal
 import numpy as np
 import zmq
 from edgeinfer.control.loop import ControlConfig
-from edgeinfer.engines.policy import DEFAULT_POLICY
+from edgeinfer.engines.paths import DEFAULT_POLICY
 from edgeinfer.sim import roundtrip
 from edgeinfer.sim.faults import NetworkFaultConfig
 from edgeinfer.sim.metrics import CONFIDENCE, summarize, write_ticks

@@ -53,3 +53,21 @@ def test_runs_that_cannot_work_are_refused_up_front():
         check_run_fits(log, manifest, ReplayConfig(kill_runtime_at_tick=900), 4.0)
     check_run_fits(log, manifest, ReplayConfig(stall_runtime_at_tick=124), 4.0)  # the last row
     check_run_fits(log, manifest, ReplayConfig(), 4.0)  # the defaults fit
+
+
+def test_nodes_that_do_not_run_the_policy_never_import_torch():
+    # a control loop on a robot's computer, the replayer and the launcher start in well under a second, and need
+    # no torch installed; only the runtime node that serves the policy imports it
+    code = """
+import sys
+from edgeinfer.cli import main
+for command in ("control", "replay", "hil", "launch"):
+    try:
+        main([command, "--help"])
+    except SystemExit:
+        pass
+import edgeinfer.sim.replay, edgeinfer.sim.hil, edgeinfer.launch, edgeinfer.runtime
+assert "torch" not in sys.modules, "torch was imported"
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
