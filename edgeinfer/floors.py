@@ -87,25 +87,14 @@ def raw_pubsub_round_trip_ns(frames: list[bytes], n: int, idle_gap_ms: float = 0
         time.sleep(0.05)
         while sub.poll(0):  # the probes still in flight
             sub.recv_multipart()
-        out = np.empty(n, dtype=np.int64)
-        for i in range(-warmup, n):
-            if idle_gap_ms > 0 and i >= 0:
-                time.sleep(idle_gap_ms / 1000)
-            t = time.perf_counter_ns()
-            pub.send_multipart(frames, copy=False)
-            sub.recv_multipart(copy=False)
-            if i >= 0:
-                out[i] = time.perf_counter_ns() - t
+        out = _timed(lambda: (pub.send_multipart(frames, copy=False), sub.recv_multipart(copy=False)), n,
+                     idle_gap_ms, warmup)
         pub.send(b"stop")
         return out
     finally:
         ctx.destroy(linger=0)
         if peer is not None:
-            try:
-                peer.wait(timeout=2)
-            except subprocess.TimeoutExpired:
-                peer.kill()
-                peer.wait()
+            _reap(peer)
 
 
 def raw_zmq_round_trip_ns(payload_bytes: int, n: int, idle_gap_ms: float = 0.0, warmup: int = 50) -> np.ndarray:
@@ -130,22 +119,33 @@ def raw_zmq_round_trip_ns(payload_bytes: int, n: int, idle_gap_ms: float = 0.0, 
         req.setsockopt(zmq.LINGER, 0)
         req.connect(f"tcp://127.0.0.1:{int(line)}")
         payload = np.random.default_rng(0).integers(0, 256, payload_bytes, dtype=np.uint8).tobytes()
-        out = np.empty(n, dtype=np.int64)
-        for i in range(-warmup, n):
-            if idle_gap_ms > 0 and i >= 0:
-                time.sleep(idle_gap_ms / 1000)
-            t = time.perf_counter_ns()
-            req.send(payload, copy=False)
-            req.recv(copy=False)
-            if i >= 0:
-                out[i] = time.perf_counter_ns() - t
+        out = _timed(lambda: (req.send(payload, copy=False), req.recv(copy=False)), n, idle_gap_ms, warmup)
         req.send(b"stop")
         req.recv()
         return out
     finally:
         ctx.destroy(linger=0)
-        try:
-            peer.wait(timeout=2)
-        except subprocess.TimeoutExpired:
-            peer.kill()
-            peer.wait()
+        _reap(peer)
+
+
+def _timed(round_trip, n: int, idle_gap_ms: float, warmup: int) -> np.ndarray:
+    """(n,) int64 ns of round_trip() calls, after `warmup` untimed ones, with idle_gap_ms of sleep before each
+    timed one."""
+    out = np.empty(n, dtype=np.int64)
+    for i in range(-warmup, n):
+        if idle_gap_ms > 0 and i >= 0:
+            time.sleep(idle_gap_ms / 1000)
+        t = time.perf_counter_ns()
+        round_trip()
+        if i >= 0:
+            out[i] = time.perf_counter_ns() - t
+    return out
+
+
+def _reap(peer: subprocess.Popen) -> None:
+    """Wait briefly for an echo process that was told to stop; kill it if it does not."""
+    try:
+        peer.wait(timeout=2)
+    except subprocess.TimeoutExpired:
+        peer.kill()
+        peer.wait()

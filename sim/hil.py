@@ -42,16 +42,15 @@ from edgeinfer.sim.faults import NetworkFaultConfig
 from edgeinfer.sim.metrics import CONFIDENCE, summarize, write_ticks
 from edgeinfer.sim.pacing import scaled_period_ns
 from edgeinfer.sim.plots import PLOT_FILES, plot_histogram, plot_stages, plot_timeline
+from edgeinfer.sim.preflight import check_run_fits, policy_shape
 from edgeinfer.sim.replay import (
     ReplayConfig,
     _collect,
     _raise_interrupt,
     _spawn,
     _stream,
-    check_run_fits,
     first_seconds,
     load_log,
-    policy_shape,
     reader_options,
 )
 from edgeinfer.sim.report import print_table, replay_progress, write_report

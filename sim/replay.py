@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 import gc
-import json
 import os
 import select
 import signal
@@ -29,10 +28,11 @@ import zmq
 from edgeinfer.control.loop import ControlConfig
 from edgeinfer.engines.engine import unavailable_reason
 from edgeinfer.sim.faults import FaultInjector, NetworkFaultConfig
-from edgeinfer.sim.logs import ArmLog, LogError, synthetic_log
+from edgeinfer.sim.logs import ArmLog, synthetic_log
 from edgeinfer.sim.metrics import summarize, write_ticks
 from edgeinfer.sim.pacing import SpinTail, scaled_period_ns, send_timing_report, should_skip
 from edgeinfer.sim.plots import write_plots
+from edgeinfer.sim.preflight import check_run_fits, policy_shape
 from edgeinfer.sim.readers import read_log
 from edgeinfer.sim.report import print_table, replay_progress, write_report
 from edgeinfer.sim.schedule import observation, previous_rows, tick_grid
@@ -176,44 +176,6 @@ def reader_options(cfg: ReplayConfig) -> dict:
     """The reader options set in cfg (sim.readers.read_log checks that the format takes them)."""
     names = ("topic", "q_field", "qd_field", "time_source", "episode", "columns")
     return {k: getattr(cfg, k) for k in names if getattr(cfg, k) is not None}
-
-
-def policy_shape(runtime: RuntimeConfig, log: ArmLog) -> dict:
-    """n_joints, stride_ticks (control ticks per chunk step) and control_rate_hz (None: any) of the policy the
-    runtime will serve: the action-token policy's manifest, or a bring-your-own spec (one step per period)."""
-    if runtime.byo_spec is not None:
-        from edgeinfer.engines.byo import ByoSpec
-
-        spec = ByoSpec.load(runtime.byo_spec, model=runtime.byo_model)
-        return {"n_joints": spec.n_joints, "stride_ticks": max(1, round(log.rate_hz / spec.rate_hz)),
-                "control_rate_hz": None}
-    manifest = json.loads(runtime.policy.read_text())
-    return {"n_joints": manifest["config"]["n_joints"], "stride_ticks": manifest["config"]["stride_ticks"],
-            "control_rate_hz": manifest.get("control_rate_hz")}
-
-
-def check_run_fits(log: ArmLog, policy: dict, cfg: ReplayConfig, deadline_ms: float) -> None:
-    """Raise LogError when the policy (see policy_shape) cannot run on this log (joint count, control rate),
-    ValueError when the control settings cannot (limits for another joint count, a phase past the deadline)
-    or a runtime kill or stall is asked for at a row the log does not reach."""
-    if log.n_joints != policy["n_joints"]:
-        raise LogError(f"{log.name}: log has {log.n_joints} joints, the policy expects {policy['n_joints']}")
-    rate = policy["control_rate_hz"]
-    if rate is not None and abs(log.rate_hz - rate) > 0.01 * rate:
-        raise LogError(f"{log.name}: log rate {log.rate_hz:.1f} Hz, the policy was trained at {rate:.1f} Hz "
-                       f"(its chunk step is {policy['stride_ticks']} ticks)")
-    n_limits = {len(cfg.control.limits.q_min_rad), len(cfg.control.limits.q_max_rad)}
-    if n_limits != {log.n_joints}:
-        raise ValueError(f"SafetyLimits: q_min_rad/q_max_rad have {sorted(n_limits)} entries, the log has "
-                         f"{log.n_joints} joints")
-    if cfg.control.phase_ms >= deadline_ms:
-        raise ValueError(f"ControlConfig.phase_ms={cfg.control.phase_ms} is not before the {deadline_ms} ms "
-                         "deadline: every command would be late")
-    for name in ("kill_runtime_at_tick", "stall_runtime_at_tick"):  # a fault asked for must happen
-        if (row := getattr(cfg, name)) is not None and row >= len(log):
-            raise ValueError(f"ReplayConfig.{name}={row} is past the last row of {log.name} ({len(log)} rows"
-                             f"{' after --duration-s' if cfg.duration_s is not None else ''}): the fault would "
-                             "never be injected")
 
 
 def replay(cfg: ReplayConfig, console: Console | None = None) -> dict:

@@ -8,7 +8,8 @@ import pytest
 from edgeinfer.control.loop import ControlConfig
 from edgeinfer.control.safety import SafetyLimits
 from edgeinfer.sim.logs import synthetic_log
-from edgeinfer.sim.replay import ReplayConfig, check_run_fits, policy_shape
+from edgeinfer.sim.preflight import check_run_fits, policy_shape
+from edgeinfer.sim.replay import ReplayConfig
 
 from edgeinfer.transport import Endpoints
 
