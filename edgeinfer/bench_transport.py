@@ -7,8 +7,11 @@ Both sides run in one invocation, interleaved per scenario, on loopback TCP betw
   chunk PUB) and times until the ActionChunk for that observation is decoded here;
 - floor: edgeinfer.floors.raw_zmq_round_trip_ns, a REQ/REP echo of the same number of bytes (the bar);
 - pattern floor: edgeinfer.floors.raw_pubsub_round_trip_ns, edgeinfer's own frames echoed over PUB/SUB,
-  the pattern edgeinfer's nodes use, with no edgeinfer code on the path. What lies between it and the
-  edgeinfer column is edgeinfer's code (encode, decode, the node loop); between it and the floor, the pattern.
+  the pattern edgeinfer's nodes use, with no edgeinfer code on the path;
+- codec floor: the same with a minimal Python codec on both sides (floors.minimal_decode / minimal_encode:
+  a msgpack header, one array frame, one finite check): the least any Python node that looks at its
+  messages pays. Between the floor and the pattern floor lies the pattern; between the pattern and the codec
+  floors, touching the messages in Python at all; above the codec floor, edgeinfer's own code.
 
 Scenarios: back to back, and with an idle gap before each message (a sleeping receiver must wake up).
 """
@@ -66,7 +69,10 @@ class NullRuntimeNode:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"null runtime exited with code {self.proc.returncode}")
 
-        transport.wait_until_subscribed(self.pub, "bench", ready, {"runtime"}, 120.0, check=alive)
+        try:
+            transport.wait_until_subscribed(self.pub, "bench", ready, {"runtime"}, 120.0, check=alive)
+        finally:
+            ready.close()
         transport.wait_for_hello([self.chunks], 30.0)
         transport.send(self.pub, Start(time.perf_counter_ns(), 4_000_000, 2**40))
         self.seq = 0
@@ -111,12 +117,13 @@ class NullRuntimeNode:
         self.close()
 
 
-def _row(name: str, ours: np.ndarray, floor: np.ndarray, pattern: np.ndarray) -> dict:
+def _row(name: str, ours: np.ndarray, floor: np.ndarray, pattern: np.ndarray, codec: np.ndarray) -> dict:
     p = lambda a, q: float(np.percentile(a, q) / 1e3)  # noqa: E731
     return {"scenario": name, "n": len(ours),
             "edgeinfer_p50_us": p(ours, 50), "edgeinfer_p99_us": p(ours, 99),
             "raw_zmq_p50_us": p(floor, 50), "raw_zmq_p99_us": p(floor, 99),
             "raw_pubsub_p50_us": p(pattern, 50), "raw_pubsub_p99_us": p(pattern, 99),
+            "minimal_codec_p50_us": p(codec, 50), "minimal_codec_p99_us": p(codec, 99),
             "ratio_p50": p(ours, 50) / p(floor, 50), "ratio_p99": p(ours, 99) / p(floor, 99)}
 
 
@@ -130,7 +137,8 @@ def run(n: int = 2000, n_idle: int = 100, idle_gap_ms: float = 100.0, log_path: 
             ours = node.round_trip_ns(count, gap)
             floor = raw_zmq_round_trip_ns(size, count, gap)
             pattern = raw_pubsub_round_trip_ns(frames, count, gap)
-            rows.append(_row(name, ours, floor, pattern))
+            codec = raw_pubsub_round_trip_ns(frames, count, gap, codec=True)
+            rows.append(_row(name, ours, floor, pattern, codec))
     return rows
 
 
@@ -147,11 +155,12 @@ def main(argv: list[str] | None = None) -> int:
     rows = run(args.n, args.n_idle, args.idle_gap_ms)
     print(f"observation -> chunk round trip, {payload_bytes()} B payload, loopback TCP, two processes (us)")
     print(f"{'scenario':<16} {'n':>6} {'edgeinfer p50':>14} {'p99':>8} {'raw REQ/REP p50':>16} {'p99':>8} "
-          f"{'x p50':>6} {'x p99':>6} {'raw PUB/SUB p50':>16} {'p99':>8}")
+          f"{'x p50':>6} {'x p99':>6} {'raw PUB/SUB p50':>16} {'p99':>8} {'+ min. codec p50':>17} {'p99':>8}")
     for r in rows:
         print(f"{r['scenario']:<16} {r['n']:>6} {r['edgeinfer_p50_us']:>14.1f} {r['edgeinfer_p99_us']:>8.1f} "
               f"{r['raw_zmq_p50_us']:>16.1f} {r['raw_zmq_p99_us']:>8.1f} {r['ratio_p50']:>6.2f} {r['ratio_p99']:>6.2f} "
-              f"{r['raw_pubsub_p50_us']:>16.1f} {r['raw_pubsub_p99_us']:>8.1f}")
+              f"{r['raw_pubsub_p50_us']:>16.1f} {r['raw_pubsub_p99_us']:>8.1f} "
+              f"{r['minimal_codec_p50_us']:>17.1f} {r['minimal_codec_p99_us']:>8.1f}")
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))
     return 0

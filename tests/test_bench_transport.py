@@ -1,10 +1,11 @@
 """`edgeinfer bench transport` and its raw pyzmq floors: real processes on loopback sockets; structure, never
 timings (the figures are reported by the command, not asserted)."""
+import msgspec
 import numpy as np
 import pytest
 
 from edgeinfer.bench_transport import main, payload_bytes, run
-from edgeinfer.floors import raw_pubsub_round_trip_ns, raw_zmq_round_trip_ns
+from edgeinfer.floors import minimal_decode, minimal_encode, raw_pubsub_round_trip_ns, raw_zmq_round_trip_ns
 
 
 def test_raw_floors_echo_every_message():
@@ -13,6 +14,17 @@ def test_raw_floors_echo_every_message():
     reqrep = raw_zmq_round_trip_ns(150, 30, idle_gap_ms=1.0, warmup=5)
     for t in (pubsub, reqrep):
         assert t.shape == (30,) and t.dtype == np.int64 and (t > 0).all()
+
+
+def test_the_codec_floor_checks_what_it_carries():
+    frames = [msgspec.msgpack.encode({"schema": "x", "seq": 1}), np.arange(6.0).tobytes(), np.ones(6).tobytes()]
+    header, flat = minimal_decode(frames)
+    assert header == {"schema": "x", "seq": 1} and flat.tolist() == [0, 1, 2, 3, 4, 5, 1, 1, 1, 1, 1, 1]
+    assert raw_pubsub_round_trip_ns(frames, 20, warmup=5, codec=True).shape == (20,)
+    with pytest.raises(ValueError, match="non-finite"):
+        minimal_decode([frames[0], np.array([0.0, np.nan]).tobytes()])
+    with pytest.raises(ValueError, match="non-finite"):
+        minimal_encode(header, np.array([np.inf]))
 
 
 def test_raw_floor_arguments_are_checked():
@@ -28,7 +40,7 @@ def test_run_gives_one_consistent_row_per_scenario():
     for r in rows:
         assert r["ratio_p50"] == pytest.approx(r["edgeinfer_p50_us"] / r["raw_zmq_p50_us"])
         assert r["ratio_p99"] == pytest.approx(r["edgeinfer_p99_us"] / r["raw_zmq_p99_us"])
-        for side in ("edgeinfer", "raw_zmq", "raw_pubsub"):
+        for side in ("edgeinfer", "raw_zmq", "raw_pubsub", "minimal_codec"):
             assert 0 < r[f"{side}_p50_us"] <= r[f"{side}_p99_us"]
     assert payload_bytes() > 144
 
