@@ -305,12 +305,13 @@ def main(argv: list[str] | None = None) -> int:
     --compare finds a regression."""
     import argparse
 
-    from edgeinfer.bench_report import print_compare, print_result
+    from edgeinfer.bench_report import check_output, print_compare, print_result
     from edgeinfer.config_cli import add_options, build
 
     ap = argparse.ArgumentParser(prog="edgeinfer bench", description=__doc__.split("\n\n")[0])
     add_options(ap, BenchConfig)
     cfg = build(BenchConfig, ap.parse_args(argv))
+    check_output(cfg.json)
     console = Console(width=max(Console().width, 150))  # never squeeze the table's columns
     if cfg.current is not None:
         result = json.loads(Path(cfg.current).read_text())

@@ -2,6 +2,7 @@
 the comparison with a base result. Everything is computed from the JSON, never typed by hand."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from rich.console import Console
@@ -12,6 +13,22 @@ from edgeinfer.bench_figures import compare
 HEAD = ("ruler", "scenario", "stat", "target-only", "speculative", "spec / target-only", "vs floor (t-o, spec)")
 FLOOR_HEAD = ("floor", "p50", "p95", "p99", "p99.9", "max")
 _STAT = {"p999": "p99.9"}
+
+
+def check_output(path: Path | None, option: str = "--json") -> None:
+    """Before a long run: make `path`'s folder and check that the file can be written, so that a typo costs
+    nothing. Raises ValueError naming the option and the path."""
+    if path is None:
+        return
+    path = Path(path)
+    try:
+        if path.is_dir():
+            raise IsADirectoryError(f"{path} is a folder")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if not os.access(path if path.exists() else path.parent, os.W_OK):
+            raise PermissionError(f"no write permission for {path if path.exists() else path.parent}")
+    except OSError as e:
+        raise ValueError(f"{option} {path}: cannot be written ({e})") from None
 
 
 def fmt(value, unit: str) -> str:

@@ -32,6 +32,7 @@ from rich.progress import Progress
 from rich.table import Table
 
 from edgeinfer.acceptance import Greedy, Relaxed, Sampling
+from edgeinfer.bench_report import check_output
 from edgeinfer.engines.calibration import resolve_data_dir, sample_windows
 from edgeinfer.engines.dataset import chunk_windows
 from edgeinfer.engines.drafters import DRAFTERS, make_drafter
@@ -251,7 +252,8 @@ def print_table(result: dict, console: Console | None = None) -> None:
                   f"{r['target_passes_per_chunk']:.2f}" if r.get("target_passes_per_chunk") else "-",
                   f"{r['acceptance_rate']:.3f}" if r.get("acceptance_rate") is not None else "-",
                   f"{rmse * 1e3:.4f}" if rmse is not None else "-",
-                  ("yes" if r["exact"] else "NO") + (" (lossy)" if r.get("exact_by") == "lossy" else ""))
+                  ("in distribution" if "chi-square" in r.get("exact_by", "") else "yes" if r["exact"] else "NO")
+                  + (" (lossy)" if r.get("exact_by") == "lossy" else ""))
     console.print(t)
     for r in result["rows"]:
         if "per_run_vs_target_only" in r:
@@ -285,13 +287,16 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--per-run must be >= 1, got {args.per_run}")
     if args.repeats < 1:
         ap.error(f"--repeats must be >= 1, got {args.repeats}")
-    drafters = tuple(args.drafters.split(",")) if args.drafters else None
+    drafters = tuple(args.drafters.split(",")) if args.drafters is not None else None
+    if drafters is not None and not all(drafters):
+        ap.error(f"--drafters must name drafters, comma separated, got {args.drafters!r}")
     try:
-        ks = tuple(int(k) for k in args.ks.split(",")) if args.ks else KS
+        ks = tuple(int(k) for k in args.ks.split(",")) if args.ks is not None else KS
     except ValueError:
         ap.error(f"--ks must be comma separated integers, got {args.ks!r}")
     if min(ks) < 1:
         ap.error(f"--ks must all be >= 1, got {args.ks!r}")
+    check_output(args.json)
     result = bench_spec(data_dir=args.data_dir, per_run=args.per_run, drafters=drafters, ks=ks,
                         backend=args.backend, peer=not args.no_peer, repeats=args.repeats)
     print_table(result)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import signal
 import sys
 from pathlib import Path
 
@@ -90,6 +91,8 @@ def main(argv: list[str] | None = None) -> int:
     else:
         args = parser.parse_args(argv)
         args.suite, args.rest = None, argv[1:]
+    if args.command == "bench":  # SIGTERM as Ctrl-C: the benches' cleanup runs, and their child processes end
+        signal.signal(signal.SIGTERM, _interrupt)
     try:
         return _run(args, parser)
     except KeyboardInterrupt:
@@ -100,6 +103,10 @@ def main(argv: list[str] | None = None) -> int:
         text = e.args[0] if isinstance(e, KeyError) and e.args else e  # KeyError's str() adds quotes
         print(f"edgeinfer {args.command}: error: {text}", file=sys.stderr)
         return 2
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
 
 
 def _run(args, parser) -> int:

@@ -30,10 +30,14 @@ import sys, zmq
 ctx = zmq.Context()
 rep = ctx.socket(zmq.REP)
 rep.setsockopt(zmq.LINGER, 0)
+rep.setsockopt(zmq.RCVTIMEO, 60_000)  # an orphan (its parent killed) exits after a minute of silence
 port = rep.bind_to_random_port("tcp://127.0.0.1")
 print(port, flush=True)
 while True:
-    frames = rep.recv_multipart(copy=False)
+    try:
+        frames = rep.recv_multipart(copy=False)
+    except zmq.Again:
+        break
     if len(frames) == 1 and frames[0].bytes == b"stop":
         rep.send(b"stop")
         break

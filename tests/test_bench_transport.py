@@ -40,12 +40,16 @@ def test_run_gives_one_consistent_row_per_scenario():
     for r in rows:
         assert r["ratio_p50"] == pytest.approx(r["edgeinfer_p50_us"] / r["raw_zmq_p50_us"])
         assert r["ratio_p99"] == pytest.approx(r["edgeinfer_p99_us"] / r["raw_zmq_p99_us"])
+        assert 0 <= r["edgeinfer_lost"] <= 5  # a chunk not back within 2 s is counted, not fatal
         for side in ("edgeinfer", "raw_zmq", "raw_pubsub", "minimal_codec"):
             assert 0 < r[f"{side}_p50_us"] <= r[f"{side}_p99_us"]
     assert payload_bytes() > 144
 
 
-def test_bad_arguments_are_refused_by_name(capsys):
-    with pytest.raises(SystemExit):
-        main(["--n", "3"])
-    assert "--n >= 10" in capsys.readouterr().err
+def test_bad_arguments_are_refused_by_name(capsys, tmp_path):
+    for argv in (["--n", "3"], ["--idle-gap-ms", "nan"], ["--idle-gap-ms", "inf"]):
+        with pytest.raises(SystemExit):
+            main(argv)
+        assert "--n >= 10" in capsys.readouterr().err
+    with pytest.raises(ValueError, match=f"--json {tmp_path}: cannot be written"):  # before the run, not after
+        main(["--json", str(tmp_path)])
