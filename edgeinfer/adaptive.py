@@ -26,10 +26,10 @@ The model chooses k; realized cost decides whether a drafter may run at all. Eac
 committed token (its prefill, drafts and verifies, in units of its prefill) is kept per drafter and for
 target-only chunks (one is decoded at the end of exploration). A drafter whose last two chunks cost more per
 token than target-only's (the median of its last nine), less min_gain, is behind whatever the model expects,
-and is only probed: the
-acceptance model looks back 256 passes, a whole held-out run of 4 chunks, so when an arm's motion changes
-and drafts stop being kept, the realized cost is what notices within a chunk (it also catches what the
-model leaves out: the k = 0 cost is mostly measured on the last pass of a chunk, the longest context).
+and is only probed. The acceptance model looks back 256 passes, a whole held-out run of 4 chunks, so when an
+arm's motion changes and drafts stop being kept, the realized cost is what notices within a chunk. It also
+catches what the model leaves out: the k = 0 cost is mostly measured on the last pass of a chunk, the
+longest context.
 Measured costs are made non-decreasing in k (isotonic regression: a longer pass never costs less, so a dip
 is noise); unmeasured k are costed by interpolation between measured ones; past the largest, verification grows
 along the last measured slope and drafting stays flat (a model drafter drafts k tokens in one pass).
