@@ -19,7 +19,7 @@ from collections import deque
 
 import numpy as np
 
-from edgeinfer.wire import ActionChunk
+from edgeinfer.core.wire import ActionChunk
 
 
 def target_at(c: ActionChunk, t_ns: int) -> np.ndarray | None:

@@ -5,7 +5,7 @@ shared monotonic clock). Per tick it takes every pending chunk and the newest ob
 the newest chunk that covers the tick, clamps it to the safety limits and sends a JointCommand. When no
 chunk covers the tick the watchdog holds the last command (rung "hold"): the robot always gets a command.
 
-The runtime's liveliness (edgeinfer.liveliness): it is dead from the moment its connection drops (socket
+The runtime's liveliness (edgeinfer.core.liveliness): it is dead from the moment its connection drops (socket
 monitor) or its Heartbeat lease expires, and the loop holds from the next tick on, its chunks forgotten.
 A restarted runtime (a new process on the same endpoint) is reconnected by ZMQ and trusted again from its
 first Heartbeat; no restart of this loop is needed. Chunks whose whole horizon has passed are discarded
@@ -20,15 +20,15 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import zmq
+
 from edgeinfer.control.buffer import ChunkBuffer
 from edgeinfer.control.safety import SafetyLimits
-
-from edgeinfer import transport
-from edgeinfer.clock import Ticker, enter_realtime, now_ns
-from edgeinfer.lifecycle import ParentWatch
-from edgeinfer.liveliness import Lease, LinkMonitor
-from edgeinfer.telemetry import Telemetry
-from edgeinfer.wire import ActionChunk, Heartbeat, JointCommand, Observation, Start, Stop, WireError
+from edgeinfer.core import transport
+from edgeinfer.core.clock import Ticker, enter_realtime, now_ns
+from edgeinfer.core.lifecycle import ParentWatch
+from edgeinfer.core.liveliness import Lease, LinkMonitor
+from edgeinfer.core.telemetry import Telemetry
+from edgeinfer.core.wire import ActionChunk, Heartbeat, JointCommand, Observation, Start, Stop, WireError
 
 
 @dataclass

@@ -8,21 +8,21 @@ import signal
 import sys
 from pathlib import Path
 
-from edgeinfer.config_cli import add_options, build, load_launch
+from edgeinfer.core.config import add_options, build, load_launch
 
 # The config classes behind each command's options, imported only for the command being run: a node that
 # does not run the policy (control, replay, hil, launch, ...) then never imports torch (~4 s per start).
 CONFIGS = {
     "replay": ("edgeinfer.sim.replay:ReplayConfig",),
     "launch": ("edgeinfer.launch:LaunchConfig",),
-    "serve": ("edgeinfer.runtime:RuntimeConfig", "edgeinfer.transport:Endpoints"),
-    "control": ("edgeinfer.control.loop:ControlConfig", "edgeinfer.transport:Endpoints"),
+    "serve": ("edgeinfer.node.runtime:RuntimeConfig", "edgeinfer.core.transport:Endpoints"),
+    "control": ("edgeinfer.control.loop:ControlConfig", "edgeinfer.core.transport:Endpoints"),
     "train": ("edgeinfer.engines.train:TrainConfig",),
     "distill": ("edgeinfer.engines.distill:DistillConfig",),
     "build": ("edgeinfer.engines.build:BuildConfig",),
     "hil": ("edgeinfer.sim.hil:HilConfig",),
     "sweep": ("edgeinfer.sim.sweep:SweepConfig",),
-    "bench": ("edgeinfer.bench:BenchConfig",),
+    "bench": ("edgeinfer.bench.suite:BenchConfig",),
 }
 
 
@@ -130,14 +130,14 @@ def _run(args, parser) -> int:
 
         return launch(args.file, build(LaunchConfig, args))
     if args.command == "serve":
-        from edgeinfer.runtime import RuntimeConfig, serve
-        from edgeinfer.transport import Endpoints
+        from edgeinfer.core.transport import Endpoints
+        from edgeinfer.node.runtime import RuntimeConfig, serve
 
         serve(build(RuntimeConfig, args), build(Endpoints, args))
         return 0
     if args.command == "control":
         from edgeinfer.control.loop import ControlConfig, ControlLoop
-        from edgeinfer.transport import Endpoints
+        from edgeinfer.core.transport import Endpoints
 
         with ControlLoop(build(ControlConfig, args), build(Endpoints, args)) as loop:
             stats = loop.run(loop.handshake())
@@ -153,18 +153,18 @@ def _run(args, parser) -> int:
         return 0
     if args.command == "bench":
         if args.suite == "spec":
-            from edgeinfer.bench_spec import main as bench_spec
+            from edgeinfer.bench.spec import main as bench_spec
 
             return bench_spec(args.rest)
         if args.suite == "transport":
-            from edgeinfer.bench_transport import main as bench_transport
+            from edgeinfer.bench.transport import main as bench_transport
 
             return bench_transport(args.rest)
         if args.suite == "engines":
-            from edgeinfer.engines.bench_engines import main as bench_engines
+            from edgeinfer.bench.engines import main as bench_engines
 
             return bench_engines(args.rest)
-        from edgeinfer.bench import main as bench
+        from edgeinfer.bench.suite import main as bench
 
         return bench(args.rest)
     if args.command == "distill":
@@ -192,7 +192,7 @@ def _run(args, parser) -> int:
         rows = sweep(args.file, build(SweepConfig, args))
         return 0 if all(r["status"] == "ok" for r in rows) else 1
     if args.command == "keys":
-        from edgeinfer.keys import make_keys
+        from edgeinfer.core.keys import make_keys
 
         for path in make_keys(args.dir).values():
             print(f"wrote {path}")

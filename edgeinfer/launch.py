@@ -36,9 +36,9 @@ import zmq
 from rich.console import Console
 from rich.table import Table
 
-from edgeinfer import transport
-from edgeinfer.config_cli import build, to_argv
-from edgeinfer.lifecycle import PARENT_PID_ENV
+from edgeinfer.core import transport
+from edgeinfer.core.config import build, to_argv
+from edgeinfer.core.lifecycle import PARENT_PID_ENV
 
 
 @dataclass
@@ -64,7 +64,7 @@ def _replay():
 
 
 def _serve():
-    from edgeinfer.runtime import RuntimeConfig
+    from edgeinfer.node.runtime import RuntimeConfig
     return (RuntimeConfig, transport.Endpoints)
 
 

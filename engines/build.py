@@ -8,11 +8,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from edgeinfer.engines.engine import Engine, engine_class, unavailable_reason
-from edgeinfer.engines.policy import DEFAULT_POLICY, Policy, load_policy
 from rich.console import Console
 from rich.progress import Progress, SpinnerColumn
 from rich.table import Table
+
+from edgeinfer.core.protocols import Engine
+from edgeinfer.engines.engine import engine_class, unavailable_reason
+from edgeinfer.engines.policy import DEFAULT_POLICY, Policy, load_policy
 
 
 def load_engine(policy: Policy, backend: str = "torch", precision: str = "fp32", device: str = "cpu",

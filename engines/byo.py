@@ -20,8 +20,8 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-from edgeinfer.clock import now_ns
-from edgeinfer.wire import ActionChunk, Observation
+from edgeinfer.core.clock import now_ns
+from edgeinfer.core.wire import ActionChunk, Observation
 
 SOURCES = ("q", "qd", "constant", "last_action")
 _SOURCE_UNITS = {"q": "rad", "qd": "rad/s"}  # what the runtime hands in; constant/last_action units are free text
@@ -235,7 +235,7 @@ class ByoPolicy:
 
 
 class ByoRuntime:
-    """In-process API shaped like edgeinfer.runtime.PolicyRuntime, for a spec: one forward pass makes a
+    """In-process API shaped like edgeinfer.node.runtime.PolicyRuntime, for a spec: one forward pass makes a
     one-step ActionChunk (anchor q, then the target one policy period later)."""
 
     def __init__(self, spec_path: str | Path, model_override: str | Path | None = None, warmup_steps: int = 10):

@@ -1,6 +1,6 @@
 """Real observations for engine parity and FP8 calibration: windows of the Schunk LWA 4P runs.
 
-Parity and quality gates read the held-out runs (edgeinfer.sim.logs.HELD_OUT); calibration reads the
+Parity and quality gates read the held-out runs (edgeinfer.logs.arm_log.HELD_OUT); calibration reads the
 training runs, so that no figure is measured on the data its scales were fitted to. Data directory, first
 that is set: the `data_dir` argument, $EDGEINFER_DATA_DIR, then ../shared/data/schunk_lwa4p next to the
 repository. Without the runs of a split, the embedded synthetic log stands in and a warning says so:
@@ -14,8 +14,9 @@ import sys
 from pathlib import Path
 
 import numpy as np
+
 from edgeinfer.engines.dataset import chunk_windows
-from edgeinfer.sim.logs import LogError, list_schunk_runs, read_schunk, split_of, synthetic_log
+from edgeinfer.logs.arm_log import LogError, list_schunk_runs, read_schunk, split_of, synthetic_log
 
 DEFAULT_DATA_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "schunk_lwa4p"
 DATA_DIR_ENV = "EDGEINFER_DATA_DIR"

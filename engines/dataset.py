@@ -7,6 +7,7 @@ For a log with positions q (T, D) and chunk stride s ticks, horizon H, every t w
 from __future__ import annotations
 
 import numpy as np
+
 from edgeinfer.engines.policy import observation_features
 
 

@@ -23,12 +23,13 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
+from rich.progress import Progress
+
 from edgeinfer.engines.drafters import DEFAULT_DRAFT, early_exit_policy
 from edgeinfer.engines.evaluate import greedy_decode_batch
 from edgeinfer.engines.model import ActionTransformer, PolicyConfig
 from edgeinfer.engines.policy import Policy
 from edgeinfer.engines.train import load_split
-from rich.progress import Progress
 
 
 @dataclass

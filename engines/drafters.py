@@ -17,24 +17,14 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Callable, Protocol, Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
-from edgeinfer.tokenizer import ActionTokenizer
+from edgeinfer.core.protocols import Drafter
+from edgeinfer.engines.tokenizer import ActionTokenizer
 
 DEFAULT_DRAFT = Path(__file__).resolve().parent / "weights" / "schunk_draft.json"  # engines/distill.py
-
-
-class Drafter(Protocol):
-    name: str
-
-    def reset(self, q_rad: np.ndarray, qd_rad_s: np.ndarray, q_prev_rad: np.ndarray) -> None: ...
-
-    def propose(self, tokens: Sequence[int], k: int) -> list[int]: ...
-
-    def propose_dist(self, tokens: Sequence[int], k: int, warp: Callable[[np.ndarray], np.ndarray],
-                     rng: np.random.Generator) -> tuple[list[int], np.ndarray]: ...
 
 
 def one_hot(tokens: Sequence[int], n_bins: int) -> np.ndarray:
@@ -110,7 +100,7 @@ class ModelDrafter:
 
     Self-speculation with the target's own first layers: LayerSkip (Elhoushi et al. 2024, arXiv
     2404.16710), EAGLE (Li et al. 2024, arXiv 2401.15077). The acceptance rule is the target's (Leviathan
-    et al. 2023; edgeinfer/speculative.py), so drafts change the speed, never the output.
+    et al. 2023; edgeinfer/core/speculative.py), so drafts change the speed, never the output.
     """
 
     def __init__(self, name: str, engine, policy, max_passes: int | None = None):

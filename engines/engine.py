@@ -1,20 +1,6 @@
 """One engine interface for every backend, and the registry of backends (imported lazily).
 
-An engine is the target policy compiled for one backend, precision and device, decoding one sequence
-(batch 1) with a static KV cache. The speculative decoder (edgeinfer.speculative) calls only this:
-
-    engine.forward(obs, tokens, start) -> logits (T, n_bins) float32
-        One target pass over sequence positions start .. start+T-1.
-        start == 0 (prefill): obs (obs_dim,) float32 fills position 0 and tokens fill positions 1..;
-        for a token-prefix model (engines/model_protocol.py, prefix kind "tokens") obs is the prompt (P,)
-        int, which plays position 0's role: the prefill's row 0 predicts the first generated token;
-        start >= 1: obs is None and tokens (T of them) fill positions start.. .
-        Logits row i predicts action token start + i (position p predicts token p).
-    engine.rollback(n)
-        Forget positions >= n (rejected drafts). Every backend here writes its cache by position, so a
-        later pass overwrites those entries before any query can see them (a query at position p attends
-        to positions <= p only) and rollback costs nothing; an engine whose cache grows by appending must
-        truncate it here.
+The interface every backend implements is `Engine` in edgeinfer/core/protocols.py.
 
 Backends (name -> module), availability checked here only:
     torch         CPU eager; CUDA with decode/verify captured in CUDA graphs; fp32, bf16, fp8
@@ -25,9 +11,6 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-from typing import Any, Protocol, Sequence
-
-import numpy as np
 
 PRECISIONS = ("fp32", "bf16", "fp8")
 BUILDS = {"torch": PRECISIONS, "onnxruntime": ("fp32",), "tensorrt": ("fp32", "fp8")}  # precisions per backend
@@ -38,17 +21,6 @@ BACKENDS = {
     "onnxruntime": ("edgeinfer.engines.ort_engine", "OrtEngine"),
     "tensorrt": ("edgeinfer.engines.trt_engine", "TrtEngine"),
 }
-
-
-class Engine(Protocol):
-    backend: str
-    precision: str
-    device: str
-    cfg: Any  # the model's config (PolicyConfig for the action policy): the decoder never reads it
-
-    def forward(self, obs: np.ndarray | None, tokens: Sequence[int], start: int) -> np.ndarray: ...
-
-    def rollback(self, n: int) -> None: ...
 
 
 def cuda_available() -> bool:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 import torch
+
 from edgeinfer.engines.model import ActionTransformer
 
 

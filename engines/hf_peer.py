@@ -40,12 +40,12 @@ from typing import Callable
 
 import numpy as np
 import torch
-from edgeinfer.engines.llama import Llama, LlamaConfig, early_exit
-from edgeinfer.engines.model_protocol import EngineDrafter, TorchModuleEngine
 from torch import nn
 
-from edgeinfer.scheduler import SchedulerConfig, TickPlanner
-from edgeinfer.speculative import speculative_decode
+from edgeinfer.core.scheduler import SchedulerConfig, TickPlanner
+from edgeinfer.core.speculative import speculative_decode
+from edgeinfer.engines.llama import Llama, LlamaConfig, early_exit
+from edgeinfer.engines.model_protocol import EngineDrafter, TorchModuleEngine
 
 _ASSISTANT_SETTINGS = ("num_assistant_tokens", "num_assistant_tokens_schedule", "assistant_confidence_threshold")
 PEER_TARGET = LlamaConfig(vocab_size=64, d_model=128, n_layers=4, n_heads=4, n_kv_heads=2, d_ff=344, max_seq_len=128)

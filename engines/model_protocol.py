@@ -19,7 +19,7 @@ Prefix kinds: what position 0 holds, and how Engine positions map to module posi
               sits at P + i. The prompt plays the observation's role: Engine.forward(prompt, tokens, 0)
               is the prefill, with prompt (P,) int; engine position e >= 1 is module position P - 1 + e.
               Engine position 0 (the whole prompt) thus predicts generated token 0 as the observation
-              predicts action token 0, and edgeinfer.speculative runs unchanged.
+              predicts action token 0, and edgeinfer.core.speculative runs unchanged.
 
 Cache kinds: how a rejected draft is forgotten (Engine.rollback(n): positions >= n are stale).
     "static"      preallocated tensors written in place at input_pos (gpt-fast): step writes the pass's entries

@@ -21,8 +21,9 @@ from pathlib import Path
 
 import onnx
 import torch
-from edgeinfer.engines.model import ActionTransformer
 from torch import nn
+
+from edgeinfer.engines.model import ActionTransformer
 
 INPUT_NAMES = ("obs", "tokens", "input_pos", "k_cache", "v_cache")
 OUTPUT_NAMES = ("logits", "k_cache_out", "v_cache_out")

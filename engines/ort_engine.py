@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 import numpy as np
+
 from edgeinfer.engines.cache import EngineCache, engine_key_fields, plan_summary
 from edgeinfer.engines.model import PolicyConfig
 from edgeinfer.engines.onnx_export import export_onnx

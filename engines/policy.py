@@ -13,10 +13,10 @@ from pathlib import Path
 
 import numpy as np
 import torch
+
 from edgeinfer.engines.model import ActionTransformer, PolicyConfig
 from edgeinfer.engines.paths import DEFAULT_POLICY, WEIGHTS_DIR  # noqa: F401 (re-exported)
-
-from edgeinfer.tokenizer import ActionTokenizer
+from edgeinfer.engines.tokenizer import ActionTokenizer
 
 
 def observation_features(q_rad: np.ndarray, qd_rad_s: np.ndarray, q_prev_rad: np.ndarray) -> np.ndarray:
@@ -26,7 +26,7 @@ def observation_features(q_rad: np.ndarray, qd_rad_s: np.ndarray, q_prev_rad: np
 
 @dataclass
 class Policy:
-    """A trained action-token policy. `model` is the target; decode with edgeinfer.speculative."""
+    """A trained action-token policy. `model` is the target; decode with edgeinfer.core.speculative."""
 
     model: ActionTransformer
     tokenizer: ActionTokenizer

@@ -13,7 +13,8 @@ from typing import Callable
 
 import numpy as np
 import torch
-from edgeinfer.engines.engine import Engine
+
+from edgeinfer.core.protocols import Engine
 from edgeinfer.engines.evaluate import greedy_decode_batch
 from edgeinfer.engines.policy import Policy
 

@@ -18,6 +18,7 @@ from typing import Sequence
 
 import numpy as np
 import torch
+
 from edgeinfer.engines.fp8 import calibrate_input_amax, quantise_linears, scaled_mm_supported
 from edgeinfer.engines.model import ActionTransformer
 

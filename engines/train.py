@@ -2,7 +2,7 @@
 
     edgeinfer train --data ../shared/data/schunk_lwa4p --seed 0
 
-Split (fixed, by measurement number, see edgeinfer.sim.logs.HELD_OUT): runs with n % 5 == 1 are held
+Split (fixed, by measurement number, see edgeinfer.logs.arm_log.HELD_OUT): runs with n % 5 == 1 are held
 out (never trained on, used for metrics and replay); the other 60 train. Loss: next-token cross-entropy
 with teacher forcing over [observation, action tokens].
 """
@@ -15,14 +15,14 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
+from rich.progress import Progress
+
 from edgeinfer.engines.dataset import chunk_windows, step_increments
 from edgeinfer.engines.evaluate import evaluate_policy
 from edgeinfer.engines.model import ActionTransformer, PolicyConfig
 from edgeinfer.engines.policy import DEFAULT_POLICY, Policy
-from edgeinfer.sim.logs import list_schunk_runs, read_schunk, split_of
-from rich.progress import Progress
-
-from edgeinfer.tokenizer import ActionTokenizer
+from edgeinfer.engines.tokenizer import ActionTokenizer
+from edgeinfer.logs.arm_log import list_schunk_runs, read_schunk, split_of
 
 
 @dataclass

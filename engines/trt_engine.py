@@ -19,6 +19,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 import torch
+
 from edgeinfer.engines.cache import EngineCache, engine_key_fields, plan_summary
 from edgeinfer.engines.calibration import calibration_features
 from edgeinfer.engines.model import ActionTransformer

@@ -66,7 +66,7 @@ EOF
 
 echo; echo "=== install"
 imports_here() {  # edgeinfer.engines importable, and from this checkout
-    "$PY" -c "import edgeinfer.engines.bench_engines as b, pathlib, sys; \
+    "$PY" -c "import edgeinfer.bench.engines as b, pathlib, sys; \
 sys.exit(0 if pathlib.Path(b.__file__).resolve().parent == pathlib.Path('$REPO/engines').resolve() else 1)" 2>/dev/null
 }
 if imports_here; then
@@ -83,11 +83,11 @@ else
         for sub in engines sim control; do ln -s "$REPO/$sub" "$TREE/edgeinfer/$sub"; done
         export PYTHONPATH="$TREE${PYTHONPATH:+:$PYTHONPATH}"
         if imports_here; then echo "editable install failed; using a symlink tree: PYTHONPATH=$PYTHONPATH"
-        else echo "ERROR: edgeinfer cannot be imported; the steps below will fail"; "$PY" -c "import edgeinfer.engines.bench_engines"; fi
+        else echo "ERROR: edgeinfer cannot be imported; the steps below will fail"; "$PY" -c "import edgeinfer.bench.engines"; fi
     fi
 fi
 
-BENCH=("$PY" -m edgeinfer.engines.bench_engines --n-obs "$N_OBS" --n-iters "$N_ITERS")
+BENCH=("$PY" -m edgeinfer.bench.engines --n-obs "$N_OBS" --n-iters "$N_ITERS")
 step "bench cuda, CUDA graphs on" "${BENCH[@]}" --device cuda --backends torch --cuda-graphs on \
     --json "$OUT/bench_cuda_graphs.json"
 step "bench cuda, CUDA graphs on + torch.compile" "${BENCH[@]}" --device cuda --backends torch --cuda-graphs on \
@@ -120,7 +120,7 @@ JSONS=$(ls "$OUT"/bench_cuda_graphs.json "$OUT"/bench_cuda_compiled.json "$OUT"/
     "$OUT"/bench_cpu.json 2>/dev/null)
 if [ -n "$JSONS" ]; then
     # shellcheck disable=SC2086
-    "$PY" -m edgeinfer.engines.bench_engines --summary $JSONS
+    "$PY" -m edgeinfer.bench.engines --summary $JSONS
 else
     echo "no bench results were written"
 fi

@@ -12,10 +12,10 @@ import argparse
 import json
 
 import zmq
+
+from edgeinfer.core import clock, transport
 from edgeinfer.sim.replay import ReplayConfig, _stream, load_log
 from edgeinfer.sim.schedule import tick_grid
-
-from edgeinfer import clock, transport
 
 
 def main() -> None:

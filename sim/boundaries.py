@@ -11,6 +11,7 @@ Holds are not boundaries (a hold repeats the last command). Summaries are p50, p
 from __future__ import annotations
 
 import numpy as np
+
 from edgeinfer.control.buffer import target_at
 
 

@@ -35,8 +35,14 @@ from typing import Literal
 
 import numpy as np
 import zmq
+from rich.console import Console
+
 from edgeinfer.control.loop import ControlConfig
+from edgeinfer.core import clock, transport
+from edgeinfer.core.telemetry import stats_summary
+from edgeinfer.core.wire import Stats, Stop
 from edgeinfer.engines.paths import DEFAULT_POLICY
+from edgeinfer.node.runtime import RuntimeConfig
 from edgeinfer.sim import roundtrip
 from edgeinfer.sim.faults import NetworkFaultConfig
 from edgeinfer.sim.metrics import CONFIDENCE, summarize, write_ticks
@@ -57,12 +63,6 @@ from edgeinfer.sim.report import print_table, replay_progress, write_report
 from edgeinfer.sim.schedule import tick_grid
 from edgeinfer.sim.stats import latency_ci_ms, latency_summary_ms
 from edgeinfer.sim.supervisor import Supervisor, safety_report
-from rich.console import Console
-
-from edgeinfer import clock, transport
-from edgeinfer.runtime import RuntimeConfig
-from edgeinfer.telemetry import stats_summary
-from edgeinfer.wire import Stats, Stop
 
 PORT_MAP = {"chunks": 0, "echo": 1, "obs": 2, "ready": 3, "status": 4, "commands": 5}  # offsets from PORT
 # the runtime's histograms that subtract our timestamps from its clock: meaningless across hosts

@@ -6,6 +6,8 @@ from collections import Counter
 from pathlib import Path
 
 import numpy as np
+
+from edgeinfer.core.wire import RUNGS
 from edgeinfer.sim.boundaries import boundary_section
 from edgeinfer.sim.pacing import replayer_section
 from edgeinfer.sim.slo import evaluate, parse_slo
@@ -16,8 +18,6 @@ from edgeinfer.sim.stats import (
     latency_summary_ms,
     rms_ci,
 )
-
-from edgeinfer.wire import RUNGS
 
 # 2: confidence intervals on every latency percentile, an exact (Clopper-Pearson) miss-rate interval, the
 # 1 us latency histogram, per-stage times, the SLO verdict. Readers accept 1 (no intervals: nothing judged).

@@ -12,6 +12,7 @@ error is large measures the harness, not the system under test.
 from __future__ import annotations
 
 import numpy as np
+
 from edgeinfer.sim.stats import latency_summary_ms
 
 # A send later than this fraction of a period counts as late (the tick's observation arrived noticeably off).

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from edgeinfer.wire import RUNGS
+from edgeinfer.core.wire import RUNGS
 
 _RUNG_COLOURS = {"full": "tab:green", "partial": "tab:olive", "draft": "tab:orange", "continue": "tab:purple",
                  "hold": "tab:red", "": "black"}

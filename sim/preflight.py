@@ -5,12 +5,11 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING
 
-from edgeinfer.sim.logs import ArmLog, LogError
+from edgeinfer.logs.arm_log import ArmLog, LogError
 
 if TYPE_CHECKING:  # the replay module imports this one
+    from edgeinfer.node.runtime import RuntimeConfig
     from edgeinfer.sim.replay import ReplayConfig
-
-    from edgeinfer.runtime import RuntimeConfig
 
 
 def policy_shape(runtime: RuntimeConfig, log: ArmLog) -> dict:

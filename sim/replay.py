@@ -25,34 +25,34 @@ from typing import Literal
 
 import numpy as np
 import zmq
+from rich.console import Console
+
 from edgeinfer.control.loop import ControlConfig
+from edgeinfer.core import clock, transport
+from edgeinfer.core.clock import now_ns
+from edgeinfer.core.config import to_argv
+from edgeinfer.core.lifecycle import PARENT_PID_ENV
+from edgeinfer.core.telemetry import stats_summary
+from edgeinfer.core.wire import ActionChunk, JointCommand, Start, Stats, Stop, encode
 from edgeinfer.engines.engine import unavailable_reason
+from edgeinfer.logs import read_log
+from edgeinfer.logs.arm_log import ArmLog, synthetic_log
+from edgeinfer.node.runtime import RuntimeConfig
 from edgeinfer.sim.faults import FaultInjector, NetworkFaultConfig
-from edgeinfer.sim.logs import ArmLog, synthetic_log
 from edgeinfer.sim.metrics import summarize, write_ticks
 from edgeinfer.sim.pacing import SpinTail, scaled_period_ns, send_timing_report, should_skip
 from edgeinfer.sim.plots import write_plots
 from edgeinfer.sim.preflight import check_run_fits, policy_shape
-from edgeinfer.sim.readers import read_log
 from edgeinfer.sim.report import print_table, replay_progress, write_report
 from edgeinfer.sim.schedule import observation, previous_rows, tick_grid
 from edgeinfer.sim.supervisor import Supervisor, gap_report, injected_section, safety_report, stall_report
-from rich.console import Console
-
-from edgeinfer import clock, transport
-from edgeinfer.clock import now_ns
-from edgeinfer.config_cli import to_argv
-from edgeinfer.lifecycle import PARENT_PID_ENV
-from edgeinfer.runtime import RuntimeConfig
-from edgeinfer.telemetry import stats_summary
-from edgeinfer.wire import ActionChunk, JointCommand, Start, Stats, Stop, encode
 
 
 @dataclass
 class ReplayConfig:
     """log: any log sim.readers reads (Schunk directory, CSV, MCAP, rosbag2/ROS 1 bag, LeRobot dataset); None
     replays the embedded synthetic log (fresh clones). log_format (None: detected from the path), topic,
-    q_field/qd_field, time_source, episode, columns: reader options (see sim/readers).
+    q_field/qd_field, time_source, episode, columns: reader options (see edgeinfer/logs).
     deadline_ms: per-tick command deadline; None means one control period of the log (time-scaled).
     time_scale: replay speed (0.1..20, 2.0 = twice as fast: the control loop runs at the scaled rate too).
     as_fast_as_possible: publish each observation right after the previous one (no schedule).
@@ -89,7 +89,7 @@ class ReplayConfig:
     # Pin the replayer and control loop to CPU 0 and the runtime to the others (when there are >= 2 and
     # the runtime/control CPU options are unset), so real-time wake-ups never preempt a decode.
     pin_cpus: bool = True
-    # Start the runtime and control nodes as forks of a server that imported edgeinfer once (sim/forkserver.py)
+    # Start the runtime and control nodes as forks of a server that imported edgeinfer once (procs/forkserver.py)
     # rather than as fresh interpreters: seconds less per replay when one process replays many times (the bench)
     fork_nodes: bool = False
     plots: bool = True  # write the plots.PLOT_FILES PNGs (matplotlib: about 2 s per replay on a 2-core CPU)
@@ -286,7 +286,7 @@ def _raise_interrupt(signum, frame):
 def _spawn(role: str, role_cfg, ep: transport.Endpoints, log_path: Path, fork: bool = False) -> subprocess.Popen:
     args = [role, *to_argv(role_cfg), *to_argv(ep)]
     if fork:  # the same `edgeinfer <args>`, forked from a server that imported it once
-        from edgeinfer.sim.forkserver import ForkedNode
+        from edgeinfer.procs.forkserver import ForkedNode
 
         return ForkedNode(args, log_path)
     argv = [sys.executable, "-m", "edgeinfer", *args]

@@ -1,6 +1,6 @@
 """Bare network round trips to the runtime host, for `edgeinfer hil` (sim/hil.py).
 
-A DEALER sends a numbered 8-byte probe to the runtime node's echo (edgeinfer.runtime.start_echo, a ROUTER that
+A DEALER sends a numbered 8-byte probe to the runtime node's echo (edgeinfer.node.runtime.start_echo, a ROUTER that
 libzmq's proxy answers without the GIL) and times the reply on this host's monotonic clock: both timestamps are
 ours, so no clock of the other host enters the figure. During a replay the probes come from a child process of
 their own (`python -m edgeinfer.sim.roundtrip`), so that neither the replayer's pacing loop nor its GIL delays a
@@ -17,8 +17,8 @@ from pathlib import Path
 import numpy as np
 import zmq
 
-from edgeinfer.clock import now_ns, sleep_until
-from edgeinfer.transport import CurveKeys
+from edgeinfer.core.clock import now_ns, sleep_until
+from edgeinfer.core.transport import CurveKeys
 
 PROBE_BYTES = 8  # a sequence number: the figure is the network's fixed cost, not a bandwidth
 WARMUP_PROBES = 5  # untimed, first: the TCP connect and ZMTP (and CURVE) handshakes ride on the first probe

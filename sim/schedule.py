@@ -7,9 +7,9 @@ sensor packet would, instead of shifting every later observation off its tick.
 from __future__ import annotations
 
 import numpy as np
-from edgeinfer.sim.logs import ArmLog, LogError
 
-from edgeinfer.wire import Observation
+from edgeinfer.core.wire import Observation
+from edgeinfer.logs.arm_log import ArmLog, LogError
 
 
 def tick_grid(log: ArmLog, tolerance: float = 0.25) -> np.ndarray:

@@ -17,6 +17,7 @@ import re
 from dataclasses import dataclass
 
 import numpy as np
+
 from edgeinfer.sim.stats import (
     SUMMARY_PERCENTILES,
     _nan_as_inf,

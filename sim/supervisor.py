@@ -12,9 +12,9 @@ from typing import Callable
 import numpy as np
 import zmq
 
-from edgeinfer import clock, transport
-from edgeinfer.clock import now_ns, sleep_until
-from edgeinfer.wire import MAX_HEADER_BYTES, Heartbeat, Observation, Stats, encode
+from edgeinfer.core import clock, transport
+from edgeinfer.core.clock import now_ns, sleep_until
+from edgeinfer.core.wire import MAX_HEADER_BYTES, Heartbeat, Observation, Stats, encode
 
 HEARTBEAT_PERIOD_MS = 20.0
 LEASE_MS = 100.0

@@ -40,7 +40,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from edgeinfer.config_cli import build, to_argv
+from edgeinfer.core.config import build, to_argv
 
 SECTIONS = ("sweep", "base", "configs", "grid")
 CSV_COLUMNS = ("run", "log", "config", "status", "latency_p50_ms", "latency_p50_ci95_lo", "latency_p50_ci95_hi",

@@ -7,11 +7,11 @@ killed at a tick (the control loop holds from then on).
 from __future__ import annotations
 
 import numpy as np
-from edgeinfer.sim.logs import synthetic_log
+
+from edgeinfer.core.wire import ActionChunk, JointCommand
+from edgeinfer.logs.arm_log import synthetic_log
 from edgeinfer.sim.metrics import summarize
 from edgeinfer.sim.replay import Recording, ReplayConfig
-
-from edgeinfer.wire import ActionChunk, JointCommand
 
 PERIOD_NS = 4_000_000  # 250 Hz
 STRIDE = 5

@@ -9,16 +9,16 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from edgeinfer.sim.logs import synthetic_log
-from edgeinfer.sim.schedule import tick_grid
 from rich.console import Console
 
-from edgeinfer.bench import BenchConfig, run_bench
-from edgeinfer.bench_e2e import REPLAY_TIME_SCALE, scenario_log
-from edgeinfer.bench_figures import TAIL_KEYS, compare
-from edgeinfer.bench_report import markdown
-from edgeinfer.bench_scenarios import ReplayScenario, load_scenarios
+from edgeinfer.bench.e2e import REPLAY_TIME_SCALE, scenario_log
+from edgeinfer.bench.figures import TAIL_KEYS, compare
+from edgeinfer.bench.report import markdown
+from edgeinfer.bench.scenarios import ReplayScenario, load_scenarios
+from edgeinfer.bench.suite import BenchConfig, run_bench
 from edgeinfer.cli import main as edgeinfer_cli
+from edgeinfer.logs.arm_log import synthetic_log
+from edgeinfer.sim.schedule import tick_grid
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[1]
@@ -50,7 +50,7 @@ def _fig(result, scenario, ruler, decode, stat):
 
 
 def test_records_machine_versions_seeds_and_command(result):
-    assert result["schema"] == "edgeinfer.bench/1"
+    assert result["schema"] == "edgeinfer.bench.suite/1"
     m = result["machine"]
     assert m["cpu"] and m["cores"] >= 1 and "gpu" in m
     assert m["torch"] == "2.13.0" or m["torch"].startswith("2.13.0+")

@@ -3,7 +3,8 @@ import json
 
 import pytest
 import torch
-from edgeinfer.engines.bench_engines import METRICS, VERIFY_KS, bench_engines, headline, main
+
+from edgeinfer.bench.engines import METRICS, VERIFY_KS, bench_engines, headline, main
 
 ROW_KEYS = {"backend", "precision", "device", "cuda_graphs", "per_token_us_p50", "per_token_us_p99", "verify_us_p50",
             "chunk_us_p50", "chunk_us_p99", "spec_chunk_us_p50", "max_abs_logit_diff", "token_agreement",

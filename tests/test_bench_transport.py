@@ -4,8 +4,8 @@ import msgspec
 import numpy as np
 import pytest
 
-from edgeinfer.bench_transport import main, payload_bytes, run
-from edgeinfer.floors import minimal_decode, minimal_encode, raw_pubsub_round_trip_ns, raw_zmq_round_trip_ns
+from edgeinfer.bench.floors import minimal_decode, minimal_encode, raw_pubsub_round_trip_ns, raw_zmq_round_trip_ns
+from edgeinfer.bench.transport import main, payload_bytes, run
 
 
 def test_raw_floors_echo_every_message():

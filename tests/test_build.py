@@ -5,8 +5,9 @@ import subprocess
 import sys
 
 import pytest
-from edgeinfer.engines.build import BuildConfig, build
 from rich.console import Console
+
+from edgeinfer.engines.build import BuildConfig, build
 
 
 def _cli(*args):

@@ -4,10 +4,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from edgeinfer.engines.byo import ByoPolicy, ByoRuntime, ByoSpec
-from edgeinfer.sim.logs import HELD_OUT, list_schunk_runs, read_schunk
 
-from edgeinfer import wire
+from edgeinfer.core import wire
+from edgeinfer.engines.byo import ByoPolicy, ByoRuntime, ByoSpec
+from edgeinfer.logs.arm_log import HELD_OUT, list_schunk_runs, read_schunk
 
 ROOT = Path(__file__).resolve().parents[1]
 UR10_SPEC = ROOT / "launch" / "ur10_reach_policy.toml"

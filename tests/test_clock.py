@@ -1,4 +1,4 @@
-"""edgeinfer.clock: absolute-deadline sleeping and the skip-on-overrun Ticker.
+"""edgeinfer.core.clock: absolute-deadline sleeping and the skip-on-overrun Ticker.
 
 Machines running these tests are shared and noisy, so bounds on lateness are generous (ms, not us)
 and the tests check ordering and skip logic rather than speed.
@@ -7,7 +7,7 @@ import statistics
 
 import pytest
 
-from edgeinfer.clock import Ticker, now_ns, sleep_until
+from edgeinfer.core.clock import Ticker, now_ns, sleep_until
 
 MS = 1_000_000
 # Generous bounds: the spin tail normally keeps lateness in the tens of us, but on a loaded 2-core machine

@@ -4,6 +4,8 @@ import subprocess
 import sys
 
 import pytest
+from synthetic_runs import report
+
 from edgeinfer.sim.compare import (
     BETTER,
     CHANGED,
@@ -16,7 +18,6 @@ from edgeinfer.sim.compare import (
     regressions,
 )
 from edgeinfer.sim.report import write_report
-from synthetic_runs import report
 
 
 @pytest.fixture(scope="module")
@@ -115,7 +116,7 @@ def test_real_replays_clean_vs_runtime_killed(schunk_dir, tmp_path):
     """Two real replays (processes + sockets) of the first 2 s of measurement_1: the run whose runtime is
     killed halfway is flagged for holds and misses. Nothing else is asserted: on a shared machine the load,
     and so the latency, really does change between two runs."""
-    from edgeinfer.sim.logs import ArmLog, read_schunk, write_schunk
+    from edgeinfer.logs.arm_log import ArmLog, read_schunk, write_schunk
 
     log = read_schunk(schunk_dir / "measurement_1")
     write_schunk(ArmLog("m1_2s", log.t_s[:500], log.q_rad[:500], log.qd_rad_s[:500]), tmp_path / "m1_2s")

@@ -5,13 +5,13 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from edgeinfer.control.loop import ControlConfig
 from edgeinfer.control.safety import SafetyLimits
+from edgeinfer.core.config import add_options, build, load_launch, to_argv
+from edgeinfer.core.scheduler import SchedulerConfig
+from edgeinfer.node.runtime import RuntimeConfig
 from edgeinfer.sim.replay import ReplayConfig
-
-from edgeinfer.config_cli import add_options, build, load_launch, to_argv
-from edgeinfer.runtime import RuntimeConfig
-from edgeinfer.scheduler import SchedulerConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -2,12 +2,12 @@
 import numpy as np
 import pytest
 import zmq
+
 from edgeinfer.control.buffer import ChunkBuffer
 from edgeinfer.control.loop import ControlConfig, ControlLoop
 from edgeinfer.control.safety import SafetyLimits
-
-from edgeinfer.transport import Endpoints, Receiver, pull, push
-from edgeinfer.wire import ActionChunk, JointCommand, Observation
+from edgeinfer.core.transport import Endpoints, Receiver, pull, push
+from edgeinfer.core.wire import ActionChunk, JointCommand, Observation
 
 MS = 1_000_000
 T = 5_000 * MS  # anchor time of the first chunk

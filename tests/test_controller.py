@@ -1,12 +1,12 @@
 """The embeddable Controller on a real Schunk recording: every tick gets a finite, limited command at once."""
 import numpy as np
 import pytest
-from edgeinfer.sim.logs import read_schunk
 
-from edgeinfer.clock import Ticker, now_ns
-from edgeinfer.controller import Controller, ControllerConfig
-from edgeinfer.runtime import RuntimeConfig
-from edgeinfer.wire import Observation
+from edgeinfer.core.clock import Ticker, now_ns
+from edgeinfer.core.wire import Observation
+from edgeinfer.logs.arm_log import read_schunk
+from edgeinfer.node.controller import Controller, ControllerConfig
+from edgeinfer.node.runtime import RuntimeConfig
 
 
 def _run(log, n_ticks: int, cfg: ControllerConfig):

@@ -9,10 +9,10 @@ import pytest
 import zmq
 import zmq.auth
 
-from edgeinfer import transport
-from edgeinfer.keys import make_keys
-from edgeinfer.transport import CurveKeys, Endpoints, is_loopback
-from edgeinfer.wire import Observation
+from edgeinfer.core import transport
+from edgeinfer.core.keys import make_keys
+from edgeinfer.core.transport import CurveKeys, Endpoints, is_loopback
+from edgeinfer.core.wire import Observation
 
 
 def _obs(seq):

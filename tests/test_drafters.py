@@ -4,13 +4,13 @@ accepted; their caches follow the committed prefix; propose_dist returns proper 
 import numpy as np
 import pytest
 import torch
+
+from edgeinfer.core.speculative import FixedK, speculative_decode
 from edgeinfer.engines.cache import EngineCache
 from edgeinfer.engines.drafters import DEFAULT_DRAFT, DRAFTERS, ModelDrafter, default_backend, make_drafter
 from edgeinfer.engines.evaluate import greedy_decode_batch
 from edgeinfer.engines.policy import load_policy
 from edgeinfer.engines.torch_engine import TorchEngine
-
-from edgeinfer.speculative import FixedK, speculative_decode
 
 NAMES = ("kinematic", "early-exit", "learned")
 

@@ -2,6 +2,7 @@
 import json
 
 import pytest
+
 from edgeinfer.engines.cache import EngineCache, engine_key, engine_key_fields
 
 PLAN = b"plan bytes " * 100

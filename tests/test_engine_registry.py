@@ -4,13 +4,14 @@ import subprocess
 import sys
 
 import pytest
+
 from edgeinfer.engines.build import load_engine
 from edgeinfer.engines.calibration import sample_windows
 from edgeinfer.engines.engine import BACKENDS, engine_class, unavailable_reason
 
 
 def test_importing_the_runtime_imports_no_backend_library():
-    code = ("import sys, edgeinfer.runtime, edgeinfer.engines.engine, edgeinfer.engines.build; "
+    code = ("import sys, edgeinfer.node.runtime, edgeinfer.engines.engine, edgeinfer.engines.build; "
             "print(sorted(m for m in ('onnxruntime', 'onnx', 'tensorrt', 'modelopt') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr

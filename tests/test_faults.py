@@ -7,12 +7,12 @@ import time
 import numpy as np
 import pytest
 import zmq
+
+from edgeinfer.core import transport
+from edgeinfer.core.config import add_options, build, load_launch
+from edgeinfer.core.wire import Observation, encode
 from edgeinfer.sim.faults import FaultInjector, NetworkFaultConfig, parse_delay
 from edgeinfer.sim.replay import ReplayConfig
-
-from edgeinfer import transport
-from edgeinfer.config_cli import add_options, build, load_launch
-from edgeinfer.wire import Observation, encode
 
 
 def _obs(i: int) -> list:

@@ -5,13 +5,13 @@ control loop runs sends a command, nothing non-finite or outside the safety limi
 every drop is counted."""
 import numpy as np
 import pytest
-from edgeinfer.sim.logs import synthetic_log, write_schunk
-from edgeinfer.sim.replay import ReplayConfig, replay
-from edgeinfer.sim.supervisor import GARBAGE_KINDS
 from rich.console import Console
 
-from edgeinfer.faults import FaultConfig
-from edgeinfer.runtime import RuntimeConfig
+from edgeinfer.logs.arm_log import synthetic_log, write_schunk
+from edgeinfer.node.faults import FaultConfig
+from edgeinfer.node.runtime import RuntimeConfig
+from edgeinfer.sim.replay import ReplayConfig, replay
+from edgeinfer.sim.supervisor import GARBAGE_KINDS
 
 pytestmark = pytest.mark.slow
 

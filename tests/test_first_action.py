@@ -2,9 +2,9 @@
 import numpy as np
 import pytest
 
-from edgeinfer.runtime import PolicyRuntime, RuntimeConfig
-from edgeinfer.scheduler import SchedulerConfig
-from edgeinfer.wire import Observation
+from edgeinfer.core.scheduler import SchedulerConfig
+from edgeinfer.core.wire import Observation
+from edgeinfer.node.runtime import PolicyRuntime, RuntimeConfig
 
 
 @pytest.mark.parametrize("decode", ["speculative", "target-only"])

@@ -1,4 +1,4 @@
-"""sim/forkserver.py: nodes forked from a server that imported edgeinfer once behave as subprocess.Popen children
+"""procs/forkserver.py: nodes forked from a server that imported edgeinfer once behave as subprocess.Popen children
 (exit codes, signals, timeouts, log files) and run the real `edgeinfer` command line."""
 import os
 import signal
@@ -6,10 +6,10 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from edgeinfer.sim.forkserver import ForkedNode
 
-from edgeinfer.config_cli import to_argv
-from edgeinfer.transport import Endpoints
+from edgeinfer.core.config import to_argv
+from edgeinfer.core.transport import Endpoints
+from edgeinfer.procs.forkserver import ForkedNode
 
 
 def test_exit_code_and_output_of_the_command_line(tmp_path):

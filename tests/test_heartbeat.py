@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 import zmq
 
-from edgeinfer import transport
-from edgeinfer.liveliness import Lease, LinkMonitor
-from edgeinfer.telemetry import BUCKET_BOUNDS_US, Telemetry, histogram_quantile_us, stats_summary
-from edgeinfer.wire import ERROR_KINDS, ErrorEvent, Heartbeat, Observation, Stats, WireError, decode, encode
+from edgeinfer.core import transport
+from edgeinfer.core.liveliness import Lease, LinkMonitor
+from edgeinfer.core.telemetry import BUCKET_BOUNDS_US, Telemetry, histogram_quantile_us, stats_summary
+from edgeinfer.core.wire import ERROR_KINDS, ErrorEvent, Heartbeat, Observation, Stats, WireError, decode, encode
 
 MS = 1_000_000
 

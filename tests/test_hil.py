@@ -8,8 +8,9 @@ import sys
 
 import numpy as np
 import pytest
-from edgeinfer.sim.hil import PORT_MAP, HilConfig, hil_endpoints, hil_serve_command, parse_endpoint
 from ports import free_port_block
+
+from edgeinfer.sim.hil import PORT_MAP, HilConfig, hil_endpoints, hil_serve_command, parse_endpoint
 
 
 def test_endpoint_maps_to_a_port_block():

@@ -18,11 +18,12 @@ from typing import Callable
 import numpy as np
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
 from edgeinfer.engines.llama import Llama, LlamaConfig
 from edgeinfer.engines.model_protocol import TorchModuleEngine
 from edgeinfer.engines.torch_engine import TorchEngine
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
 MAX_PASS = 17
 ATOL = RTOL = 1e-4

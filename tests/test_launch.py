@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 from ports import free_port_block
 
+from edgeinfer.core.transport import Endpoints
 from edgeinfer.launch import load_nodes
-from edgeinfer.transport import Endpoints
 
 ROOT = Path(__file__).resolve().parents[1]
 MEASUREMENT = ROOT.parent / "shared" / "data" / "schunk_lwa4p" / "measurement_1"
@@ -50,9 +50,8 @@ def _serve_table(ep: Endpoints) -> str:
 
 
 def test_shipped_launch_files_parse_and_keep_working_with_replay_launch():
+    from edgeinfer.core.config import build, load_launch
     from edgeinfer.sim.replay import ReplayConfig
-
-    from edgeinfer.config_cli import build, load_launch
 
     launch = ROOT / "launch"
     kinds = {name: [n.command for n in load_nodes(launch / f"{name}.toml")]

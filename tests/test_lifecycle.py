@@ -5,13 +5,13 @@ import sys
 import time
 
 import pytest
+
 from edgeinfer.control.loop import ControlConfig
 from edgeinfer.control.safety import SafetyLimits
-from edgeinfer.sim.logs import synthetic_log
+from edgeinfer.core.transport import Endpoints
+from edgeinfer.logs.arm_log import synthetic_log
 from edgeinfer.sim.preflight import check_run_fits, policy_shape
 from edgeinfer.sim.replay import ReplayConfig
-
-from edgeinfer.transport import Endpoints
 
 
 def _alive(pid: int) -> bool:
@@ -67,7 +67,7 @@ for command in ("control", "replay", "hil", "launch"):
         main([command, "--help"])
     except SystemExit:
         pass
-import edgeinfer.sim.replay, edgeinfer.sim.hil, edgeinfer.launch, edgeinfer.runtime
+import edgeinfer.sim.replay, edgeinfer.sim.hil, edgeinfer.launch, edgeinfer.node.runtime
 assert "torch" not in sys.modules, "torch was imported"
 """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

@@ -3,12 +3,12 @@ and speculative decoding of token-prefix models through the bring-your-own-model
 import numpy as np
 import pytest
 import torch
+
+from edgeinfer.core.scheduler import SchedulerConfig, TickPlanner
+from edgeinfer.core.speculative import speculative_decode
 from edgeinfer.engines.hf_peer import HfDecoder, peer_pair
 from edgeinfer.engines.llama import Llama, LlamaConfig, early_exit
 from edgeinfer.engines.model_protocol import EngineDrafter, TorchModuleEngine
-
-from edgeinfer.scheduler import SchedulerConfig, TickPlanner
-from edgeinfer.speculative import speculative_decode
 
 LOGIT_ATOL = 1e-4
 

@@ -3,7 +3,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from edgeinfer.sim.logs import (
+
+from edgeinfer.logs.arm_log import (
     HELD_OUT,
     TRAIN,
     ArmLog,

@@ -1,5 +1,6 @@
 """KV-cache correctness: cached decoding over arbitrary pass sizes and rollbacks equals a cache-free forward."""
 import torch
+
 from edgeinfer.engines.model import ActionTransformer, PolicyConfig
 
 

@@ -1,8 +1,9 @@
 """The replay's three PNGs, drawn from in-memory Recordings through summarize()."""
 import numpy as np
 import pytest
-from edgeinfer.sim.plots import PLOT_FILES, plot_stages, plot_timeline, write_plots
 from synthetic_runs import report
+
+from edgeinfer.sim.plots import PLOT_FILES, plot_stages, plot_timeline, write_plots
 
 PNG = b"\x89PNG\r\n\x1a\n"
 

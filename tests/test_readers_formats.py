@@ -10,8 +10,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from edgeinfer.sim.logs import ArmLog, LogError, read_schunk
-from edgeinfer.sim.readers import detect_format, read_log
+
+from edgeinfer.logs import detect_format, read_log
+from edgeinfer.logs.arm_log import ArmLog, LogError, read_schunk
 from edgeinfer.sim.schedule import observation_stream
 
 pytest.importorskip("mcap")

@@ -8,8 +8,9 @@ import subprocess
 import sys
 
 import pytest
+
+from edgeinfer.logs.arm_log import ArmLog, read_schunk
 from edgeinfer.sim.faults import FaultInjector, NetworkFaultConfig
-from edgeinfer.sim.logs import ArmLog, read_schunk
 
 pytest.importorskip("mcap_ros2")
 pytestmark = pytest.mark.slow

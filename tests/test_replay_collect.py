@@ -1,11 +1,11 @@
 """The replayer only accepts commands a real control loop could have sent: for a tick that is already due."""
 import numpy as np
 import zmq
-from edgeinfer.sim.replay import Recording, _collect
 
-from edgeinfer import transport
-from edgeinfer.clock import now_ns
-from edgeinfer.wire import JointCommand
+from edgeinfer.core import transport
+from edgeinfer.core.clock import now_ns
+from edgeinfer.core.wire import JointCommand
+from edgeinfer.sim.replay import Recording, _collect
 
 
 def test_commands_for_ticks_not_yet_due_or_out_of_range_are_rejected():

@@ -9,12 +9,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from edgeinfer.engines.policy import DEFAULT_POLICY
-from edgeinfer.sim.logs import ArmLog, LogError, synthetic_log, write_schunk
-from edgeinfer.sim.replay import ReplayConfig, replay
 from rich.console import Console
 
-from edgeinfer.runtime import RuntimeConfig
+from edgeinfer.engines.policy import DEFAULT_POLICY
+from edgeinfer.logs.arm_log import ArmLog, LogError, synthetic_log, write_schunk
+from edgeinfer.node.runtime import RuntimeConfig
+from edgeinfer.sim.replay import ReplayConfig, replay
 
 pytestmark = pytest.mark.slow
 

@@ -8,14 +8,14 @@ import time
 import numpy as np
 import pytest
 import zmq
+
+from edgeinfer.core import transport
+from edgeinfer.core.wire import Observation, Start
+from edgeinfer.logs.arm_log import ArmLog, synthetic_log
 from edgeinfer.sim.faults import NetworkFaultConfig
-from edgeinfer.sim.logs import ArmLog, synthetic_log
 from edgeinfer.sim.pacing import SpinTail, scaled_period_ns, send_timing_report, should_skip
 from edgeinfer.sim.replay import ReplayConfig, _stream
 from edgeinfer.sim.schedule import tick_grid
-
-from edgeinfer import transport
-from edgeinfer.wire import Observation, Start
 
 STRIDE = 5
 

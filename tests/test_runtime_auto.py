@@ -1,9 +1,9 @@
 """The runtime with `drafter = "auto"`: the scheduler picks a drafter and k per chunk; chunks stay exact."""
 import numpy as np
 
-from edgeinfer.runtime import PolicyRuntime, RuntimeConfig
-from edgeinfer.scheduler import SchedulerConfig
-from edgeinfer.wire import Observation
+from edgeinfer.core.scheduler import SchedulerConfig
+from edgeinfer.core.wire import Observation
+from edgeinfer.node.runtime import PolicyRuntime, RuntimeConfig
 
 
 def _observations(feats, n_joints, n):

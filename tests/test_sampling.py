@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 from scipy.stats import chisquare
 
-from edgeinfer.acceptance import Greedy, Relaxed, Sampling, softmax
-from edgeinfer.speculative import FixedK, speculative_decode
+from edgeinfer.core.acceptance import Greedy, Relaxed, Sampling, softmax
+from edgeinfer.core.speculative import FixedK, speculative_decode
 
 N_BINS, N_TOKENS = 4, 4
 

@@ -1,6 +1,7 @@
 import numpy as np
 import pytest
-from edgeinfer.sim.logs import ArmLog, LogError, synthetic_log
+
+from edgeinfer.logs.arm_log import ArmLog, LogError, synthetic_log
 from edgeinfer.sim.schedule import previous_rows, tick_grid
 
 

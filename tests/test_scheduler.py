@@ -2,8 +2,8 @@
 import numpy as np
 import pytest
 
-from edgeinfer.adaptive import AcceptanceModel, SpeculationChooser, expected_tokens
-from edgeinfer.scheduler import SchedulerConfig, TickPlanner
+from edgeinfer.core.adaptive import AcceptanceModel, SpeculationChooser, expected_tokens
+from edgeinfer.core.scheduler import SchedulerConfig, TickPlanner
 
 PREFILL_US = 400
 

@@ -1,10 +1,11 @@
 """SLO parsing and the VALID/INVALID verdict with confidence bounds and LoadGen-style sample counts."""
 import numpy as np
 import pytest
+from synthetic_runs import report
+
 from edgeinfer.sim.replay import ReplayConfig
 from edgeinfer.sim.slo import SLOError, evaluate, parse_slo
 from edgeinfer.sim.stats import min_passing_samples
-from synthetic_runs import report
 
 
 def test_parse_terms_and_units():

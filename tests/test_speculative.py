@@ -1,12 +1,12 @@
 """Speculative decoding is exact: token-for-token identical to target-only greedy decoding on real data."""
 import numpy as np
 import torch
+
+from edgeinfer.core.scheduler import SchedulerConfig, TickPlanner
+from edgeinfer.core.speculative import speculative_decode
 from edgeinfer.engines.drafters import KinematicDrafter
 from edgeinfer.engines.evaluate import greedy_decode_batch
 from edgeinfer.engines.torch_engine import TorchEngine
-
-from edgeinfer.scheduler import SchedulerConfig, TickPlanner
-from edgeinfer.speculative import speculative_decode
 
 
 def _obs(policy, f):

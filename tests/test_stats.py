@@ -4,6 +4,8 @@ import json
 
 import numpy as np
 import pytest
+from rich.console import Console
+
 from edgeinfer.sim.report import print_table, write_report
 from edgeinfer.sim.stats import (
     binom_cdf,
@@ -20,7 +22,6 @@ from edgeinfer.sim.stats import (
     rms_ci,
     wilson_interval,
 )
-from rich.console import Console
 
 
 def test_wilson_known_values():

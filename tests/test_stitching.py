@@ -2,9 +2,9 @@
 chunk published early replaces its first step without counting as a boundary."""
 import numpy as np
 import pytest
-from edgeinfer.control.buffer import ChunkBuffer, target_at
 
-from edgeinfer.wire import ActionChunk
+from edgeinfer.control.buffer import ChunkBuffer, target_at
+from edgeinfer.core.wire import ActionChunk
 
 MS = 1_000_000
 T = 5_000 * MS
@@ -58,9 +58,8 @@ def test_the_rest_of_an_early_first_step_replaces_it_without_a_boundary():
 def test_a_replay_reports_the_raw_jump_and_the_commanded_step_at_boundaries():
     from types import SimpleNamespace
 
+    from edgeinfer.core.wire import JointCommand
     from edgeinfer.sim.boundaries import boundary_section
-
-    from edgeinfer.wire import JointCommand
 
     period = 2 * MS
     old, new = chunk(T, OLD, obs_seq=0), chunk(T + STEP, NEW, obs_seq=5)

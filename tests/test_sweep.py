@@ -4,8 +4,9 @@ import csv
 import json
 
 import pytest
-from edgeinfer.sim.sweep import SweepConfig, plan, sweep
 from rich.console import Console
+
+from edgeinfer.sim.sweep import SweepConfig, plan, sweep
 
 
 def _sweep_file(tmp_path, logs, configs: str, base: str = "") -> object:

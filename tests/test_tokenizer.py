@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from edgeinfer.tokenizer import ActionTokenizer
+from edgeinfer.engines.tokenizer import ActionTokenizer
 
 
 def make_tok():

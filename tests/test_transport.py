@@ -1,4 +1,4 @@
-"""edgeinfer.transport over real loopback TCP sockets."""
+"""edgeinfer.core.transport over real loopback TCP sockets."""
 
 import os
 import subprocess
@@ -10,8 +10,18 @@ import numpy as np
 import pytest
 import zmq
 
-from edgeinfer.transport import Endpoints, Receiver, pub, pull, push, send, sub, wait_for_hello, wait_until_subscribed
-from edgeinfer.wire import Observation
+from edgeinfer.core.transport import (
+    Endpoints,
+    Receiver,
+    pub,
+    pull,
+    push,
+    send,
+    sub,
+    wait_for_hello,
+    wait_until_subscribed,
+)
+from edgeinfer.core.wire import Observation
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -94,8 +104,8 @@ def test_handshake_times_out_naming_missing_peers(ctx, ep):
 _PEER = """
 import sys
 import zmq
-from edgeinfer.transport import Receiver, announce_ready, push, sub, wait_for_hello
-from edgeinfer.wire import Hello
+from edgeinfer.core.transport import Receiver, announce_ready, push, sub, wait_for_hello
+from edgeinfer.core.wire import Hello
 
 obs_ep, ready_ep = sys.argv[1:3]
 ctx = zmq.Context()

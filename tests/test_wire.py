@@ -1,4 +1,4 @@
-"""edgeinfer.wire: round trips and one clear WireError per kind of malformed frame list."""
+"""edgeinfer.core.wire: round trips and one clear WireError per kind of malformed frame list."""
 
 import msgpack
 import numpy as np
@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from edgeinfer.wire import (
+from edgeinfer.core.wire import (
     MAX_HEADER_BYTES,
     ActionChunk,
     Hello,
@@ -215,7 +215,7 @@ def test_round_trip_property(d, h, data):
 
 
 def test_non_finite_joint_values_are_rejected():
-    from edgeinfer.wire import Observation, WireError, decode, encode
+    from edgeinfer.core.wire import Observation, WireError, decode, encode
 
     frames = encode(Observation(1, 2, np.zeros(6), np.zeros(6), np.zeros(6)))
     bad = np.zeros(6)

@@ -1,0 +1,190 @@
+"""`edgeinfer bench transport`: edgeinfer's observation -> chunk round trip against a raw pyzmq floor.
+
+Both sides run in one invocation, interleaved per scenario, on loopback TCP between two processes:
+
+- edgeinfer: this process publishes an Observation (wire.encode, PUB) to a real runtime node
+  (`edgeinfer serve --null-policy true`: the node loop, decode, a policy that costs nothing, encode,
+  chunk PUB) and times until the ActionChunk for that observation is decoded here;
+- floor: edgeinfer.bench.floors.raw_zmq_round_trip_ns, a REQ/REP echo of the same number of bytes (the bar);
+- pattern floor: edgeinfer.bench.floors.raw_pubsub_round_trip_ns, edgeinfer's own frames echoed over PUB/SUB,
+  the pattern edgeinfer's nodes use, with no edgeinfer code on the path;
+- codec floor: the same with a minimal Python codec on both sides (floors.minimal_decode / minimal_encode:
+  a msgpack header, one array frame, one finite check): the least any Python node that looks at its
+  messages pays. Between the floor and the pattern floor lies the pattern; between the pattern and the codec
+  floors, touching the messages in Python at all; above the codec floor, edgeinfer's own code.
+
+Scenarios: back to back, and with an idle gap before each message (a sleeping receiver must wake up).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import zmq
+
+from edgeinfer.bench.floors import raw_pubsub_round_trip_ns, raw_zmq_round_trip_ns
+from edgeinfer.bench.report import check_output
+from edgeinfer.core import transport
+from edgeinfer.core.config import to_argv
+from edgeinfer.core.lifecycle import PARENT_PID_ENV
+from edgeinfer.core.wire import ActionChunk, Observation, Start, Stop, encode
+from edgeinfer.node.runtime import RuntimeConfig
+
+D = 6  # joints, as the Schunk arm
+
+
+def _observation(seq: int) -> Observation:
+    q = np.linspace(-1.0, 1.0, D)
+    return Observation(seq, time.perf_counter_ns(), q, np.zeros(D), q)
+
+
+def payload_bytes() -> int:
+    """Bytes on the wire of one Observation (header + arrays): the floor's payload."""
+    return sum(memoryview(f).nbytes for f in encode(_observation(0)))
+
+
+class NullRuntimeNode:
+    """A real `edgeinfer serve` process with the null policy, handshaken and started; use as a context manager."""
+
+    def __init__(self, log_path: Path | None = None, **runtime_options):
+        self.ep = transport.Endpoints.free_loopback()
+        self.ep.status = None
+        cfg = RuntimeConfig(null_policy=True, replan_every_ticks=1, idle_timeout_s=30.0, max_obs_age_ms=None,
+                            **runtime_options)
+        argv = [sys.executable, "-m", "edgeinfer", "serve", *to_argv(cfg), *to_argv(self.ep)]
+        self.log = open(log_path, "w") if log_path else tempfile.NamedTemporaryFile("w", suffix=".log")
+        self.proc = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                     env={**os.environ, PARENT_PID_ENV: str(os.getpid())})
+        self.ctx = zmq.Context()
+        self.pub = transport.pub(self.ctx, self.ep.obs, bind=True)
+        self.chunks = transport.Receiver(transport.sub(self.ctx, self.ep.chunks, hwm=10_000))
+        ready = transport.Receiver(transport.pull(self.ctx, self.ep.ready, bind=True))
+
+        def alive():
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"null runtime exited with code {self.proc.returncode}")
+
+        try:
+            transport.wait_until_subscribed(self.pub, "bench", ready, {"runtime"}, 120.0, check=alive)
+        finally:
+            ready.close()
+        transport.wait_for_hello([self.chunks], 30.0)
+        transport.send(self.pub, Start(time.perf_counter_ns(), 4_000_000, 2**40))
+        self.seq = 0
+
+    def round_trip_ns(self, n: int, idle_gap_ms: float = 0.0, warmup: int = 50, wait_s: float = 2.0
+                      ) -> tuple[np.ndarray, int]:
+        """((n,) int64 ns from publishing an Observation to decoding its ActionChunk, lost): an observation whose
+        chunk has not come within wait_s is counted lost, not timed, and the next one is sent. Raises
+        TimeoutError, with the runtime log's last lines, when more than max(5, 1 %) are lost."""
+        out, lost, i = np.empty(n, dtype=np.int64), 0, -warmup
+        while i < n:
+            # Between observations the runtime's Heartbeats and Stats keep arriving on the chunk SUB; a control
+            # loop reads them as they come, so they are read here too, before the clock starts.
+            gap_end_ns = time.perf_counter_ns() + (int(idle_gap_ms * 1e6) if i >= 0 else 0)
+            while (left_ns := gap_end_ns - time.perf_counter_ns()) > 0:
+                self.chunks.recv(max(1, left_ns // 1_000_000))
+            self.chunks.drain()
+            self.seq += 1
+            obs = _observation(self.seq)
+            t = time.perf_counter_ns()
+            transport.send(self.pub, obs)
+            deadline_ns = t + int(wait_s * 1e9)
+            while (left_ns := deadline_ns - time.perf_counter_ns()) > 0:  # Heartbeats and Stats: skipped
+                msg = self.chunks.recv(max(1, left_ns // 1_000_000))
+                if isinstance(msg, ActionChunk) and msg.obs_seq == self.seq:
+                    break
+            else:
+                lost += 1
+                if lost > max(5, (n + warmup) // 100):
+                    raise TimeoutError(f"{lost} observations got no chunk within {wait_s} s; the null runtime's "
+                                       f"log ends: {self.log_tail()!r}")
+                continue
+            if i >= 0:
+                out[i] = time.perf_counter_ns() - t
+            i += 1
+        return out, lost
+
+    def log_tail(self, chars: int = 2000) -> str:
+        """The end of the runtime's log (its output goes to a file, for this)."""
+        self.log.flush()
+        return Path(self.log.name).read_text(errors="replace")[-chars:]
+
+    def close(self) -> None:
+        transport.send(self.pub, Stop("bench done"))
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.ctx.destroy(linger=0)
+        self.log.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def _row(name: str, ours: np.ndarray, floor: np.ndarray, pattern: np.ndarray, codec: np.ndarray) -> dict:
+    p = lambda a, q: float(np.percentile(a, q) / 1e3)  # noqa: E731
+    return {"scenario": name, "n": len(ours),
+            "edgeinfer_p50_us": p(ours, 50), "edgeinfer_p99_us": p(ours, 99),
+            "raw_zmq_p50_us": p(floor, 50), "raw_zmq_p99_us": p(floor, 99),
+            "raw_pubsub_p50_us": p(pattern, 50), "raw_pubsub_p99_us": p(pattern, 99),
+            "minimal_codec_p50_us": p(codec, 50), "minimal_codec_p99_us": p(codec, 99),
+            "ratio_p50": p(ours, 50) / p(floor, 50), "ratio_p99": p(ours, 99) / p(floor, 99)}
+
+
+def run(n: int = 2000, n_idle: int = 100, idle_gap_ms: float = 100.0, log_path: Path | None = None) -> list[dict]:
+    """Both scenarios, edgeinfer and the floor side by side. Returns one dict per scenario."""
+    size = payload_bytes()
+    frames = [bytes(f) for f in encode(_observation(0))]
+    rows = []
+    with NullRuntimeNode(log_path) as node:
+        for name, count, gap in (("back to back", n, 0.0), (f"idle {idle_gap_ms:g} ms", n_idle, idle_gap_ms)):
+            ours, lost = node.round_trip_ns(count, gap)
+            floor = raw_zmq_round_trip_ns(size, count, gap)
+            pattern = raw_pubsub_round_trip_ns(frames, count, gap)
+            codec = raw_pubsub_round_trip_ns(frames, count, gap, codec=True)
+            rows.append(_row(name, ours, floor, pattern, codec) | {"edgeinfer_lost": lost})
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="edgeinfer bench transport", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--n", type=int, default=2000, help="round trips back to back (default 2000)")
+    ap.add_argument("--n-idle", type=int, default=100, help="round trips with an idle gap (default 100)")
+    ap.add_argument("--idle-gap-ms", type=float, default=100.0, help="the idle gap (default 100 ms)")
+    ap.add_argument("--json", type=Path, default=None, help="also write the rows here")
+    args = ap.parse_args(argv)
+    if args.n < 10 or args.n_idle < 10 or not 0 < args.idle_gap_ms <= 10_000:
+        ap.error("need --n >= 10, --n-idle >= 10, 0 < --idle-gap-ms <= 10000")
+    check_output(args.json)
+    rows = run(args.n, args.n_idle, args.idle_gap_ms)
+    print(f"observation -> chunk round trip, {payload_bytes()} B payload, loopback TCP, two processes (us)")
+    print(f"{'scenario':<16} {'n':>6} {'edgeinfer p50':>14} {'p99':>8} {'raw REQ/REP p50':>16} {'p99':>8} "
+          f"{'x p50':>6} {'x p99':>6} {'raw PUB/SUB p50':>16} {'p99':>8} {'+ min. codec p50':>17} {'p99':>8}")
+    for r in rows:
+        print(f"{r['scenario']:<16} {r['n']:>6} {r['edgeinfer_p50_us']:>14.1f} {r['edgeinfer_p99_us']:>8.1f} "
+              f"{r['raw_zmq_p50_us']:>16.1f} {r['raw_zmq_p99_us']:>8.1f} {r['ratio_p50']:>6.2f} {r['ratio_p99']:>6.2f} "
+              f"{r['raw_pubsub_p50_us']:>16.1f} {r['raw_pubsub_p99_us']:>8.1f} "
+              f"{r['minimal_codec_p50_us']:>17.1f} {r['minimal_codec_p99_us']:>8.1f}")
+    if lost := sum(r["edgeinfer_lost"] for r in rows):
+        print(f"{lost} observation(s) got no chunk within 2 s: counted lost, not timed (edgeinfer_lost)")
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,158 @@
+"""Deadline-aware planning of one chunk's decoding: which drafter and how many drafts the next target pass
+may verify, and whether another pass fits the tick's budget at all.
+
+Each chunk first chooses its drafter and speculation length k (SchedulerConfig.adaptive: for the most
+expected tokens per second, edgeinfer.core.adaptive; otherwise the first drafter at k_max). Then, before every
+pass, the deadline check lowers k, or stops decoding, when the high-quantile cost of the pass does not fit
+what is left of the budget.
+
+Costs for the deadline are online estimates of a high quantile (default p99, not the mean: a plan built on
+means misses its deadline about half the time the estimate is tight) over a rolling window of measured
+durations, per operation (drafting per drafter) and speculation length k.
+"""
+from __future__ import annotations
+
+import time
+from collections import defaultdict, deque
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from edgeinfer.core.adaptive import SpeculationChooser
+
+
+@dataclass
+class SchedulerConfig:
+    """budget_ms: from the observation being taken to its chunk being published. k_max: drafts per target pass
+    (0 = target-only). quantile: cost estimate used for planning. window: samples kept per operation."""
+
+    budget_ms: float = 20.0
+    k_max: int = 16
+    quantile: float = 0.99
+    window: int = 256
+    margin_ms: float = 0.5  # kept free at the end of the budget for encoding and publishing the chunk
+    adaptive: bool = True  # choose k per chunk for tokens/s (k_max is then the most it may choose)
+    probe_every: int = 32  # adaptive: chunks between probes of k = 1 while speculation is off
+
+    def __post_init__(self):
+        if not 0 < self.budget_ms <= 10_000:
+            raise ValueError(f"SchedulerConfig.budget_ms must be in (0, 10000], got {self.budget_ms}")
+        if not 0 <= self.margin_ms < self.budget_ms:
+            raise ValueError(f"SchedulerConfig.margin_ms must be in [0, budget_ms), got {self.margin_ms}")
+        if not 16 <= self.window <= 100_000:
+            raise ValueError(f"SchedulerConfig.window must be in 16..100000, got {self.window}")
+        if not 0 <= self.k_max <= 64:
+            raise ValueError(f"SchedulerConfig.k_max must be in 0..64, got {self.k_max}")
+        if self.probe_every < 1:
+            raise ValueError(f"SchedulerConfig.probe_every must be >= 1, got {self.probe_every}")
+        if not 0.5 <= self.quantile < 1:
+            raise ValueError(f"SchedulerConfig.quantile must be in [0.5, 1), got {self.quantile}")
+
+
+def k_group(k: int) -> str:
+    """The metrics name of a speculation length: k0, k1-2, k3-4, k5-8, k9-16, k17+ (few names, log-spaced)."""
+    for lo, hi in ((0, 0), (1, 2), (3, 4), (5, 8), (9, 16)):
+        if lo <= k <= hi:
+            return f"k{lo}" if lo == hi else f"k{lo}-{hi}"
+    return "k17+"
+
+
+class LatencyModel:
+    """Rolling high-quantile estimates of operation costs in ns, keyed by (op, k).
+
+    observer(name, duration_ns), when set (the runtime's telemetry), also receives every sample after the
+    warm-up as a histogram named "<op>.<k group>" (e.g. "verify.k3-4", "draft:learned.k9-16", "prefill.k0"),
+    so the distributions the plan is built on are readable while the runtime runs."""
+
+    def __init__(self, quantile: float = 0.99, window: int = 256):
+        self.quantile = quantile
+        self._samples: dict[tuple[str, int], deque] = defaultdict(lambda: deque(maxlen=window))
+        self._cache: dict[tuple[str, int], float] = {}
+        self._added: dict[tuple[str, int], int] = defaultdict(int)
+        self.observer = None
+
+    def record(self, op: str, k: int, duration_ns: int) -> None:
+        if self.observer is not None:
+            self.observer(f"{op}.{k_group(k)}", duration_ns)
+        samples = self._samples[(op, k)]
+        samples.append(duration_ns)
+        self._added[(op, k)] += 1  # a full window's length stays put: count the samples instead
+        if self._added[(op, k)] < 16 or self._added[(op, k)] % 8 == 0:  # a quantile of 256 samples costs
+            for q in (self.quantile, 0.5):  # ~20 us: refresh early, then every 8th sample, not every pass
+                self._cache.pop((op, k, q), None)
+
+    def clear(self) -> None:
+        """Forget every sample (after warm-up: first calls pay one-off allocation costs)."""
+        self._samples.clear()
+        self._cache.clear()
+        self._added.clear()
+
+    def estimate_ns(self, op: str, k: int, quantile: float | None = None) -> float:
+        """Quantile estimate (default: the planning quantile); 0 when never measured (the first pass is how
+        it gets measured)."""
+        q = self.quantile if quantile is None else quantile
+        key = (op, k, q)
+        if key not in self._cache:
+            s = self._samples.get((op, k))
+            self._cache[key] = float(np.quantile(s, q)) if s else 0.0
+        return self._cache[key]
+
+    def count(self, op: str, k: int) -> int:
+        return len(self._samples.get((op, k), ()))
+
+
+class TickPlanner:
+    """Plans the passes of one chunk against an absolute deadline on the monotonic clock.
+
+    Per chunk: choose() -> the drafter to use (None: target-only), then start(t) or unlimited(), then the
+    decoder asks plan() before every pass and reports every pass through record(op, k, value): op "prefill"
+    | "draft" | "verify" with a duration in ns, or "accepted" with the number of drafts the pass kept.
+    drafters: candidate drafter names, in order of preference when adaptive is off."""
+
+    def __init__(self, cfg: SchedulerConfig, drafters: Sequence[str] = ("drafter",),
+                 latency: LatencyModel | None = None):
+        self.cfg = cfg
+        self.latency = latency or LatencyModel(cfg.quantile, cfg.window)
+        self.chooser = SpeculationChooser(drafters, cfg.k_max, cfg.probe_every)
+        self.deadline_ns = None
+        self.drafter: str | None = drafters[0] if drafters and cfg.k_max else None
+        self._chunk_k = cfg.k_max if self.drafter else 0
+
+    def choose(self) -> str | None:
+        """Choose this chunk's drafter and k (adaptive), or keep the configured ones; returns the drafter's name,
+        None for a target-only chunk."""
+        if self.cfg.adaptive:
+            self.drafter, self._chunk_k = self.chooser.choose()
+        return self.drafter
+
+    def start(self, t_start_ns: int | None = None) -> None:
+        """Begin a chunk whose budget runs from t_start_ns (default: now)."""
+        t = time.perf_counter_ns() if t_start_ns is None else t_start_ns
+        self.deadline_ns = t + int((self.cfg.budget_ms - self.cfg.margin_ms) * 1e6)
+
+    def unlimited(self) -> None:
+        """Plan without a deadline (warm-up and offline evaluation)."""
+        self.deadline_ns = None
+
+    def plan(self, committed: int, remaining: int) -> int | None:
+        left = None if self.deadline_ns is None else self.deadline_ns - time.perf_counter_ns()
+        if committed == 0:
+            # The prefill always runs while any budget is left: without it nothing is verified, and an op
+            # that is never run again could never correct a pessimistic estimate.
+            return 0 if left is None or left > 0 else None
+        for k in range(min(self._chunk_k, remaining - 1), -1, -1):
+            if left is None or self.latency.estimate_ns(f"draft:{self.drafter}", k) + \
+                    self.latency.estimate_ns("verify", k) <= left:
+                return k
+        return None
+
+    def forget_costs(self) -> None:
+        """Drop every measured cost, for the deadline and for the choice (the one-off costs of first calls)."""
+        self.latency.clear()
+        self.chooser.clear_costs()
+
+    def record(self, op: str, k: int, value: int) -> None:
+        self.chooser.record(self.drafter, op, k, value)
+        if op != "accepted":
+            self.latency.record(f"draft:{self.drafter}" if op == "draft" else op, k, value)

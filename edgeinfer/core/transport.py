@@ -1,0 +1,369 @@
+"""ZeroMQ sockets for edgeinfer messages: bounded queues, no lingering, latest-only receive.
+
+Every socket gets LINGER 0 (closing never waits on unsent data) and a bounded SNDHWM/RCVHWM,
+so a slow or dead peer costs dropped messages, never memory or a blocked control loop.
+
+Start handshake (PUB/SUB slow joiner): a SUB connecting to a PUB receives nothing until its
+subscription has reached the publisher, and PUB silently drops everything sent before that.
+So before the run starts:
+
+1. The coordinator binds a PULL "ready" socket and calls `wait_until_subscribed`, which
+   publishes `Hello(sender, i, t_ns)` on its PUB every ~10 ms.
+2. Each peer connects its SUB sockets and a PUSH to the ready endpoint, keeps reading its SUBs
+   until it has received a Hello on *every* SUB it needs (`wait_for_hello`), then calls
+   `announce_ready(push, name)`, which sends `Hello(name, ...)` on the PUSH.
+3. Once every expected name has arrived on the ready PULL, `wait_until_subscribed` returns.
+
+A Hello received on a SUB proves that subscription is live on the publisher, so no later
+message on that socket can be lost to the slow joiner (only to a full HWM). Where a peer
+subscribes to several publishers, each of them must be publishing Hellos while the peer waits.
+Hellos may still be queued on a SUB after the handshake: consumers skip `Hello` messages.
+
+Security: endpoints are loopback unless a caller passes others. A non-loopback endpoint (or any, with
+curve="on") uses ZeroMQ CURVE (RFC 26 CurveZMQ: encryption and, through a ZAP handler, client
+authentication) with the keys `edgeinfer keys DIR` writes (edgeinfer.core.keys): every bound socket is a CURVE
+server, every connecting socket a client whose public key must sit in DIR/authorized_clients.
+"""
+
+import ipaddress
+import socket
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Literal
+
+import zmq
+
+from edgeinfer.core.wire import Hello, Message, WireError, decode, encode
+
+DEFAULT_HWM = 100
+HELLO_PERIOD_MS = 10
+MAX_MESSAGE_BYTES = 4 * 1024 * 1024  # ZMQ_MAXMSGSIZE of receiving sockets: libzmq drops a peer sending more
+RECONNECT_IVL_MS = 10  # a restarted peer is reconnected to within about this (libzmq's default is 100 ms)
+
+
+@dataclass
+class Endpoints:
+    """ZMQ endpoints of one run; tcp://127.0.0.1 unless a caller passes others."""
+
+    obs: str  # Observation, replayer/robot PUB -> SUBs
+    chunks: str  # ActionChunk, runtime PUB -> control (and replayer) SUBs
+    commands: str  # JointCommand, control -> replayer
+    ready: str  # handshake: peers PUSH Hello -> coordinator PULL
+    status: str | None = None  # control loop's Heartbeat, ErrorEvent, Stats (PUB bound by control); None: off
+    curve: Literal["auto", "on", "off"] = "auto"  # auto: CURVE when an endpoint is not loopback and keys are given
+    curve_dir: Path | None = None  # keys written by `edgeinfer keys DIR`
+
+    def __post_init__(self):
+        self.curve_dir = Path(self.curve_dir) if self.curve_dir is not None else None
+        if self.curve == "on" and self.curve_dir is None:
+            raise ValueError("Endpoints.curve='on' needs curve_dir (make keys with `edgeinfer keys DIR`)")
+
+    def all(self) -> list[str]:
+        return [e for e in (self.obs, self.chunks, self.commands, self.ready, self.status) if e]
+
+    def curve_keys(self) -> "CurveKeys | None":
+        """The CURVE keys every socket of this run uses, or None for plain TCP (see the module docstring).
+        Raises ValueError for a non-loopback endpoint with curve="auto" and no keys: nothing unencrypted
+        leaves the host unless curve="off" says so."""
+        if self.curve == "off":
+            return None
+        remote = [e for e in self.all() if not is_loopback(e)]
+        if self.curve == "auto" and not remote:
+            return None
+        if self.curve_dir is None:
+            raise ValueError(f"Endpoints: {remote} are not loopback: give curve_dir (keys from `edgeinfer keys "
+                             "DIR`) or set curve='off' to send unencrypted")
+        return CurveKeys.load(self.curve_dir)
+
+    @classmethod
+    def free_loopback(cls) -> "Endpoints":
+        """Five distinct free TCP ports on 127.0.0.1 (asked of the kernel via port 0).
+
+        The ports are released before return, so another process could take one in between;
+        good enough for tests and single-host runs.
+        """
+        socks = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(5)]
+        try:
+            for s in socks:  # all held open at once so the four ports differ
+                s.bind(("127.0.0.1", 0))
+            ports = [s.getsockname()[1] for s in socks]
+        finally:
+            for s in socks:
+                s.close()
+        return cls(*(f"tcp://127.0.0.1:{p}" for p in ports))
+
+
+def is_loopback(endpoint: str) -> bool:
+    """True for ipc://, inproc:// and tcp:// on 127.0.0.0/8, ::1 or localhost."""
+    if not endpoint.startswith("tcp://"):
+        return True
+    host = endpoint[len("tcp://"):].rsplit(":", 1)[0].strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # an interface name or a host name: not provably local
+        return False
+
+
+@dataclass
+class CurveKeys:
+    """Z85 CURVE keys (bytes) of a run: the server pair (bound sockets) and a client pair (connecting ones),
+    plus the directory of client public keys the ZAP handler accepts."""
+
+    server_public: bytes
+    server_secret: bytes
+    client_public: bytes
+    client_secret: bytes
+    authorized_dir: Path
+
+    @classmethod
+    def load(cls, key_dir: Path) -> "CurveKeys":
+        """Read DIR/server.key_secret, DIR/client.key_secret (edgeinfer.core.keys). Raises ValueError naming the
+        file that is missing or unreadable."""
+        import zmq.auth
+
+        pairs = []
+        for name in ("server", "client"):
+            path = Path(key_dir) / f"{name}.key_secret"
+            try:
+                public, secret = zmq.auth.load_certificate(path)
+            except (OSError, ValueError) as e:
+                raise ValueError(f"{path}: cannot read CURVE key ({e}); make keys with `edgeinfer keys "
+                                 f"{key_dir}`") from None
+            if secret is None:
+                raise ValueError(f"{path}: no secret key in this file")
+            pairs += [public, secret]
+        return cls(*pairs, authorized_dir=Path(key_dir) / "authorized_clients")
+
+
+def start_authenticator(ctx: zmq.Context, keys: CurveKeys | None):
+    """For a CURVE run: a ZAP handler thread on `ctx` accepting only the client keys in keys.authorized_dir
+    (stop it with .stop() before destroying the context). None when keys is None."""
+    if keys is None:
+        return None
+    from zmq.auth.thread import ThreadAuthenticator
+
+    auth = ThreadAuthenticator(ctx)
+    auth.start()
+    auth.configure_curve(domain="*", location=str(keys.authorized_dir))
+    return auth
+
+
+def _socket(ctx: zmq.Context, kind: int, endpoint: str, bind: bool, hwm: int,
+            curve: CurveKeys | None = None) -> zmq.Socket:
+    if hwm < 1:  # 0 would mean "unbounded" to ZMQ, which we never want
+        raise ValueError(f"hwm must be >= 1, got {hwm}")
+    sock = ctx.socket(kind)
+    try:
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.SNDHWM, hwm)
+        sock.setsockopt(zmq.RCVHWM, hwm)
+        sock.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
+        sock.setsockopt(zmq.RECONNECT_IVL, RECONNECT_IVL_MS)
+        if curve is not None and bind:
+            sock.curve_server = True
+            sock.curve_publickey, sock.curve_secretkey = curve.server_public, curve.server_secret
+        elif curve is not None:
+            sock.curve_serverkey = curve.server_public
+            sock.curve_publickey, sock.curve_secretkey = curve.client_public, curve.client_secret
+        if kind == zmq.SUB:
+            sock.setsockopt(zmq.SUBSCRIBE, b"")  # before connect, so no message predates it
+        if bind:
+            sock.bind(endpoint)
+        else:
+            sock.connect(endpoint)
+    except zmq.ZMQError:
+        sock.close()
+        raise
+    return sock
+
+
+def pub(ctx: zmq.Context, endpoint: str, bind: bool = True, hwm: int = DEFAULT_HWM,
+        curve: CurveKeys | None = None) -> zmq.Socket:
+    """PUB socket; raises zmq.ZMQError when the endpoint cannot be bound/connected."""
+    return _socket(ctx, zmq.PUB, endpoint, bind, hwm, curve)
+
+
+def sub(ctx: zmq.Context, endpoint: str, bind: bool = False, hwm: int = DEFAULT_HWM,
+        curve: CurveKeys | None = None) -> zmq.Socket:
+    """SUB socket subscribed to everything."""
+    return _socket(ctx, zmq.SUB, endpoint, bind, hwm, curve)
+
+
+def push(ctx: zmq.Context, endpoint: str, bind: bool = False, hwm: int = DEFAULT_HWM,
+         curve: CurveKeys | None = None) -> zmq.Socket:
+    """PUSH socket (connects by default: many pushers, one puller)."""
+    return _socket(ctx, zmq.PUSH, endpoint, bind, hwm, curve)
+
+
+def pull(ctx: zmq.Context, endpoint: str, bind: bool = True, hwm: int = DEFAULT_HWM,
+         curve: CurveKeys | None = None) -> zmq.Socket:
+    """PULL socket (binds by default)."""
+    return _socket(ctx, zmq.PULL, endpoint, bind, hwm, curve)
+
+
+def send(sock: zmq.Socket, msg: Message) -> bool:
+    """Send `msg` without blocking; False when the send queue is full (HWM reached, nobody reading).
+
+    The caller counts the Falses; the control path must never wait on a socket. A PUB never
+    returns False: at its HWM it drops silently. Small messages are copied into ZMQ (cheaper
+    than pyzmq's zero-copy bookkeeping, measured); a message with a frame of COPY_THRESHOLD
+    bytes or more goes zero-copy, so do not mutate the arrays of `msg` after sending.
+    Raises WireError when `msg` is not encodable.
+    """
+    frames = encode(msg)
+    big = any(len(f) >= zmq.COPY_THRESHOLD for f in frames)
+    try:
+        sock.send_multipart(frames, flags=zmq.NOBLOCK, copy=not big)
+    except zmq.Again:
+        return False
+    return True
+
+
+class LockedSender:
+    """One socket shared by two threads (a node's main loop and its heartbeat beacon): ZMQ sockets are not
+    thread-safe, and the lock serialises every send (and gives the memory barrier ZMQ asks for)."""
+
+    def __init__(self, sock: zmq.Socket):
+        self.sock, self.lock = sock, threading.Lock()
+
+    def send(self, msg: Message) -> bool:
+        """transport.send under the lock."""
+        with self.lock:
+            return send(self.sock, msg)
+
+
+class Receiver:
+    """Decoding reader for one socket; malformed messages are counted and skipped, never fatal.
+
+    Counters: `received` (valid messages decoded), `malformed` (messages that raised WireError;
+    `malformed_by_kind` per wire.ERROR_KINDS, `last_error` keeps the newest text), `stale_dropped`
+    (older messages discarded by `recv_latest`). `on_error(WireError)`, if given, is called for each
+    malformed message (e.g. to publish a rate-limited ErrorEvent). The Receiver does not own the socket
+    unless `close()` is called.
+    """
+
+    def __init__(self, sock: zmq.Socket, on_error: Callable[[WireError], None] | None = None):
+        self.sock = sock
+        self.received = 0
+        self.malformed = 0
+        self.malformed_by_kind: Counter[str] = Counter()
+        self.stale_dropped = 0
+        self.last_error = ""
+        self.on_error = on_error
+        self._poller = zmq.Poller()  # one for the Receiver's life: Socket.poll builds a new one per call
+        self._poller.register(sock, zmq.POLLIN)
+
+    def _decode(self, frames: list[Any]) -> Message | None:
+        try:
+            msg = decode(frames)
+        except WireError as e:  # a bad peer must not take the reader down with it
+            self.malformed += 1
+            self.malformed_by_kind[e.kind] += 1
+            self.last_error = str(e)
+            if self.on_error is not None:
+                self.on_error(e)
+            return None
+        self.received += 1
+        return msg
+
+    def recv(self, timeout_ms: int) -> Message | None:
+        """Next valid message, waiting up to `timeout_ms` (>= 0) ms; None on timeout."""
+        if timeout_ms < 0:
+            raise ValueError(f"timeout_ms must be >= 0, got {timeout_ms}")
+        deadline_ns = time.perf_counter_ns() + timeout_ms * 1_000_000
+        while True:
+            left_ms = max(0, (deadline_ns - time.perf_counter_ns() + 999_999) // 1_000_000)
+            if not self._pending() and not self._poller.poll(left_ms):
+                return None
+            # copy=True: for small messages bytes are cheaper than zmq.Frame objects
+            msg = self._decode(self.sock.recv_multipart())
+            if msg is not None:
+                return msg
+
+    def drain(self, limit: int = 256) -> list[Message]:
+        """Valid messages already queued, oldest first, from at most `limit` received (valid or not), so that a
+        flood (of garbage, say) cannot pin the caller in here: it gets back to its loop and serves what it has."""
+        out = []
+        for _ in range(limit):
+            if not self._pending():  # cheaper than a NOBLOCK recv raising zmq.Again
+                break
+            try:
+                frames = self.sock.recv_multipart(flags=zmq.NOBLOCK)
+            except zmq.Again:
+                break
+            msg = self._decode(frames)
+            if msg is not None:
+                out.append(msg)
+        return out
+
+    def _pending(self) -> bool:
+        return bool(self.sock.getsockopt(zmq.EVENTS) & zmq.POLLIN)
+
+    def recv_latest(self, timeout_ms: int) -> Message | None:
+        """Newest queued message, waiting up to `timeout_ms` for the first; older ones are dropped.
+
+        ZMQ_CONFLATE would do this in the socket, but it does not support multipart messages,
+        so we drain in user space and count what we discard in `stale_dropped`.
+        """
+        first = self.recv(timeout_ms)
+        if first is None:
+            return None
+        rest = self.drain()
+        self.stale_dropped += len(rest)
+        return rest[-1] if rest else first
+
+    def close(self) -> None:
+        self.sock.close(linger=0)
+
+
+def announce_ready(push_sock: zmq.Socket, name: str) -> bool:
+    """Peer side of the handshake: report `name` ready. Call only after `wait_for_hello`."""
+    return send(push_sock, Hello(name, 0, time.perf_counter_ns()))
+
+
+def wait_for_hello(receivers: list[Receiver], timeout_s: float, check: Callable[[], None] | None = None) -> None:
+    """Block until each receiver has yielded a Hello (other messages are discarded).
+
+    Raises TimeoutError naming the receivers' endpoints still silent after `timeout_s` s.
+    """
+    deadline = time.monotonic() + timeout_s
+    waiting = list(receivers)
+    while waiting:
+        if check is not None:
+            check()
+        for r in list(waiting):
+            if isinstance(r.recv(HELLO_PERIOD_MS), Hello):
+                waiting.remove(r)
+        if waiting and time.monotonic() > deadline:
+            names = [r.sock.getsockopt_string(zmq.LAST_ENDPOINT) for r in waiting]
+            raise TimeoutError(f"no Hello within {timeout_s} s on {names}")
+
+
+def wait_until_subscribed(pub_sock: zmq.Socket, sender: str, ready_receiver: Receiver,
+                          expect: set[str], timeout_s: float, check: Callable[[], None] | None = None) -> None:
+    """Coordinator side: publish Hellos every ~10 ms until every name in `expect` reports ready.
+
+    Ready reports are Hello messages on `ready_receiver` (a PULL) whose `sender` is the peer's
+    name; other messages there are ignored. Raises TimeoutError naming the missing peers.
+    `check`, if given, runs every period and may raise to abort (e.g. when a peer process died).
+    """
+    deadline = time.monotonic() + timeout_s
+    missing = set(expect)
+    i = 0
+    while missing:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{sender}: peers not subscribed within {timeout_s} s: {sorted(missing)}")
+        if check is not None:
+            check()
+        send(pub_sock, Hello(sender, i, time.perf_counter_ns()))
+        i += 1
+        slot_end = time.monotonic() + HELLO_PERIOD_MS / 1000
+        while missing and (left := slot_end - time.monotonic()) > 0:
+            msg = ready_receiver.recv(int(left * 1000))
+            if isinstance(msg, Hello):
+                missing.discard(msg.sender)

@@ -1,0 +1,409 @@
+"""Wire format: one msgpack header frame plus raw little-endian array frames. Never pickle.
+
+A message is a list of ZMQ frames::
+
+    frame 0   msgpack map {"schema": str, "version": int, <scalar fields>,
+                           "arrays": [{"name": str, "dtype": "<f8", "shape": [int, ...]}, ...]}
+    frame 1.. one C-contiguous "<f8" buffer per entry of "arrays", in that order
+
+`decode` treats every frame as hostile: it checks sizes before unpacking or allocating and
+raises `WireError` naming the schema and field for anything off-spec. All times are ns on
+CLOCK_MONOTONIC (`time.perf_counter_ns()` on Linux), which every process on one host shares.
+"""
+
+import math
+import re
+import typing
+import warnings
+from dataclasses import dataclass, fields
+from typing import Annotated, Any, ClassVar, Literal, Sequence
+
+import msgpack
+import msgspec
+import numpy as np
+
+RUNGS = ("full", "partial", "draft", "continue", "hold")
+MAX_HEADER_BYTES = 64 * 1024  # headers are a few hundred bytes; anything bigger is an attack or a bug
+MAX_FRAMES = 16
+_DTYPE = "<f8"  # the only array dtype on the wire: joint-space data is float64, little-endian
+_DIM_BOUNDS = {"D": (1, 32), "H": (0, 256)}  # inclusive; D = joints, H = chunk steps
+MAX_STR = 4096  # characters in any string field
+MAX_ITEMS = 64  # entries in a map field (Stats counters, histograms) and ints in a histogram
+# What was wrong with a rejected message, for per-kind counters (WireError.kind):
+#   garbage: not msgpack / not a map; truncated: a header or array frame cut short; oversize: a header over
+#   MAX_HEADER_BYTES or an array frame too long; frames: wrong frame count; schema: unknown schema;
+#   version: known schema, other version; field: a field missing, extra or of the wrong type or value;
+#   nonfinite: NaN or inf in an array.
+ERROR_KINDS = ("garbage", "truncated", "oversize", "frames", "schema", "version", "field", "nonfinite")
+
+
+class WireError(ValueError):
+    """Frames that are not a valid message; the text names the schema and field at fault, `kind` (one of
+    ERROR_KINDS) says what sort of fault it was."""
+
+    def __init__(self, text: str, kind: str = "field"):
+        super().__init__(text)
+        self.kind = kind
+
+
+@dataclass
+class Observation:
+    """Robot state, replayer/robot -> runtime and control. Arrays are (D,) float64."""
+
+    SCHEMA: ClassVar[str] = "edgeinfer.Observation"
+    VERSION: ClassVar[int] = 1
+    ARRAYS: ClassVar[dict] = {"q_rad": ("D",), "qd_rad_s": ("D",), "q_prev_rad": ("D",)}
+    seq: int  # observation index == control tick index
+    t_ns: int  # monotonic time the observation was taken (the replayer: its scheduled send time)
+    q_rad: np.ndarray  # (D,) joint positions
+    qd_rad_s: np.ndarray  # (D,) joint velocities
+    q_prev_rad: np.ndarray  # (D,) joint positions one chunk step (stride) earlier
+
+
+@dataclass
+class ActionChunk:
+    """Future joint targets, runtime -> control (the replayer listens too)."""
+
+    SCHEMA: ClassVar[str] = "edgeinfer.ActionChunk"
+    VERSION: ClassVar[int] = 1
+    ARRAYS: ClassVar[dict] = {"steps_rad": ("H", "D")}
+    seq: int  # chunk counter of the runtime
+    obs_seq: int  # observation this chunk was built from
+    t_obs_ns: int  # that observation's t_ns
+    t_ready_ns: int  # monotonic time the chunk was ready
+    step_ns: int  # time between chunk steps
+    # (H+1, D) rad: row 0 the observed q at t_obs (the anchor), row h the target at t_obs + h * step_ns
+    steps_rad: np.ndarray
+    rung: str  # fallback rung that produced it, one of RUNGS
+    tokens: int  # action tokens produced this chunk
+    target_passes: int  # target forward passes used
+    drafted: int  # draft tokens proposed to the target
+    accepted: int  # draft tokens accepted by the target
+
+
+@dataclass
+class JointCommand:
+    """One control tick's command, control -> replayer."""
+
+    SCHEMA: ClassVar[str] = "edgeinfer.JointCommand"
+    VERSION: ClassVar[int] = 1
+    ARRAYS: ClassVar[dict] = {"q_rad": ("D",)}
+    seq: int  # control tick index
+    obs_seq: int  # newest observation the control loop had seen, -1 if none
+    chunk_obs_seq: int  # obs_seq of the chunk used, -1 if none
+    t_ns: int  # monotonic time the command was sent
+    q_rad: np.ndarray  # (D,) commanded joint positions
+    rung: str  # rung of the chunk used, or "hold" when the watchdog held
+
+
+@dataclass
+class Hello:
+    """Start-handshake probe (see edgeinfer.core.transport); also a peer's ready report."""
+
+    SCHEMA: ClassVar[str] = "edgeinfer.Hello"
+    VERSION: ClassVar[int] = 1
+    ARRAYS: ClassVar[dict] = {}
+    sender: str
+    seq: int
+    t_ns: int
+
+
+@dataclass
+class Start:
+    """Run start: tick k is due at t0_ns + k * period_ns, for k < n_ticks."""
+
+    SCHEMA: ClassVar[str] = "edgeinfer.Start"
+    VERSION: ClassVar[int] = 1
+    ARRAYS: ClassVar[dict] = {}
+    t0_ns: int
+    period_ns: int
+    n_ticks: int
+
+
+@dataclass
+class Stop:
+    """Run end, with a human-readable reason."""
+
+    SCHEMA: ClassVar[str] = "edgeinfer.Stop"
+    VERSION: ClassVar[int] = 1
+    ARRAYS: ClassVar[dict] = {}
+    reason: str
+
+
+@dataclass
+class Heartbeat:
+    """Liveliness beat, every `lease_ns / 3` or so on the sender's own PUB (replayer: observations, runtime:
+    chunks, control: status). A peer that hears nothing from `sender` for `lease_ns` deems it dead (the
+    ROS 2 / DDS liveliness lease). `instance` changes when the sender restarts (its pid); `peer_instance` is
+    the instance of the peer the sender currently hears alive (-1: none), which closes a re-handshake.
+    t0_ns/period_ns/n_ticks repeat the run's Start (-1 before the start), so a node that joins mid-run learns
+    the schedule."""
+
+    SCHEMA: ClassVar[str] = "edgeinfer.Heartbeat"
+    VERSION: ClassVar[int] = 1
+    ARRAYS: ClassVar[dict] = {}
+    sender: str
+    instance: int
+    seq: int
+    t_ns: int
+    lease_ns: int
+    peer_instance: int
+    t0_ns: int
+    period_ns: int
+    n_ticks: int
+
+
+@dataclass
+class ErrorEvent:
+    """A fault a node noticed (a malformed message, a non-finite action, a dead peer), published on its status
+    channel, rate-limited: `count` is the running total of this `kind` at the sender, so a receiver loses no
+    count when events are skipped. `detail` is the newest error text (at most MAX_STR characters)."""
+
+    SCHEMA: ClassVar[str] = "edgeinfer.ErrorEvent"
+    VERSION: ClassVar[int] = 1
+    ARRAYS: ClassVar[dict] = {}
+    sender: str
+    kind: str
+    count: int
+    t_ns: int
+    detail: str
+
+
+@dataclass
+class Stats:
+    """Periodic metrics of a node (edgeinfer.core.telemetry): monotonically growing counters, and latency
+    histograms as bucket counts over telemetry.BUCKET_BOUNDS_US (one more bucket than bounds: the overflow)."""
+
+    SCHEMA: ClassVar[str] = "edgeinfer.Stats"
+    VERSION: ClassVar[int] = 1
+    ARRAYS: ClassVar[dict] = {}
+    sender: str
+    instance: int
+    seq: int
+    t_ns: int
+    counters: dict[str, int]
+    histograms: dict[str, list[int]]
+
+
+Message = Observation | ActionChunk | JointCommand | Hello | Start | Stop | Heartbeat | ErrorEvent | Stats
+_REGISTRY = {cls.SCHEMA: cls for cls in (Observation, ActionChunk, JointCommand, Hello, Start, Stop, Heartbeat,
+                                         ErrorEvent, Stats)}
+
+
+# Header schemas, generated once from the message classes: msgspec validates a header while it decodes it
+# (types, int64 range, bool is not int, string/map/list limits, unknown or missing fields, the schema tag),
+# in C; what it cannot express (version, array names, dtypes and shapes) is checked below.
+class _ArrayMeta(msgspec.Struct, forbid_unknown_fields=True, frozen=True):  # frozen: hashable, for _SHAPES
+    name: str
+    dtype: str
+    shape: Annotated[tuple[int, ...], msgspec.Meta(max_length=4)]
+
+
+_I64 = Annotated[int, msgspec.Meta(ge=-(2**63), le=2**63 - 1)]
+_STR = Annotated[str, msgspec.Meta(max_length=MAX_STR)]
+_HEADER_TYPES = {int: _I64, str: _STR,
+                 dict[str, int]: Annotated[dict[_STR, _I64], msgspec.Meta(max_length=MAX_ITEMS)],
+                 dict[str, list[int]]: Annotated[dict[_STR, Annotated[list[_I64], msgspec.Meta(max_length=MAX_ITEMS)]],
+                                                 msgspec.Meta(max_length=MAX_ITEMS)]}
+_SCALARS = {cls: tuple(f.name for f in fields(cls) if f.name not in cls.ARRAYS) for cls in _REGISTRY.values()}
+
+
+def _header_struct(cls: type) -> type:
+    typed = {f.name: Literal[RUNGS] if f.name == "rung" else _HEADER_TYPES[f.type] for f in fields(cls)
+             if f.name not in cls.ARRAYS}
+    return msgspec.defstruct(f"{cls.__name__}Header",
+                             [("version", int), *((n, typed[n]) for n in _SCALARS[cls]),
+                              ("arrays", Annotated[list[_ArrayMeta], msgspec.Meta(max_length=MAX_FRAMES)])],
+                             tag_field="schema", tag=cls.SCHEMA, forbid_unknown_fields=True)
+
+
+_HEADERS = {_header_struct(cls): cls for cls in _REGISTRY.values()}
+_DECODER = msgspec.msgpack.Decoder(typing.Union[tuple(_HEADERS)])
+_ENCODER = msgspec.msgpack.Encoder()
+_ZEROS = np.zeros(_DIM_BOUNDS["H"][1] * _DIM_BOUNDS["D"][1])
+
+
+# inf * 0 is NaN by design below (the non-finite value is then counted as an error): not a warning to print
+warnings.filterwarnings("ignore", "invalid value encountered in dot", RuntimeWarning, module=__name__)
+
+
+def _all_finite(a: np.ndarray) -> bool:
+    """True when no element of the float64 array is NaN or inf: x * 0 is 0 for every finite x, NaN otherwise."""
+    flat = a.reshape(-1)
+    return math.isfinite(flat.dot(_ZEROS[: flat.size])) if flat.size <= _ZEROS.size else bool(np.isfinite(a).all())
+
+
+_SHAPES: dict[tuple, list[tuple[int, ...]]] = {}  # (cls, *metas) -> shapes: the array headers already checked
+_SHAPES_MAX = 1024
+
+
+def _shapes(cls: type, metas: list[_ArrayMeta]) -> list[tuple[int, ...]]:
+    """Shapes of the arrays described by `metas`, checked against `cls.ARRAYS` and the D/H bounds (a pure
+    function of its arguments, so a message's usual array headers are checked once and remembered)."""
+    key = (cls, *metas)
+    if (shapes := _SHAPES.get(key)) is None:
+        shapes = _check_shapes(cls, metas)
+        if len(_SHAPES) >= _SHAPES_MAX:
+            _SHAPES.clear()
+        _SHAPES[key] = shapes
+    return shapes
+
+
+def _check_shapes(cls: type, metas: list[_ArrayMeta]) -> list[tuple[int, ...]]:
+    where = cls.SCHEMA
+    names = [m.name for m in metas]
+    if names != list(cls.ARRAYS):
+        raise WireError(f"{where}: field 'arrays': names {names!r}, expected {list(cls.ARRAYS)!r}")
+    dims: dict[str, int] = {}
+    shapes = []
+    for meta in metas:
+        name, symbols, shape = meta.name, cls.ARRAYS[meta.name], meta.shape
+        if meta.dtype != _DTYPE:
+            raise WireError(f"{where}: array {name!r}: dtype {meta.dtype!r} not allowed, expected {_DTYPE!r}")
+        if len(shape) != len(symbols):
+            raise WireError(f"{where}: array {name!r}: shape {list(shape)}, expected {len(symbols)} ints "
+                            f"({', '.join(symbols)})")
+        for sym, n in zip(symbols, shape):
+            lo, hi = _DIM_BOUNDS[sym]
+            if not lo <= n <= hi:
+                raise WireError(f"{where}: array {name!r}: shape {shape}: {sym}={n} outside [{lo}, {hi}]")
+            if dims.setdefault(sym, n) != n:
+                raise WireError(f"{where}: array {name!r}: shape {shape}: {sym}={n} disagrees with "
+                                f"{sym}={dims[sym]} of another array")
+        shapes.append(shape)
+    return shapes
+
+
+def _header(buf: bytes | memoryview) -> tuple[type, Any, list[tuple[int, ...]]]:
+    """(message class, validated header struct, array shapes) of a header frame; raises WireError."""
+    try:
+        header = _DECODER.decode(buf)
+    except msgspec.DecodeError as e:
+        raise _header_error(buf, e) from None
+    cls = _HEADERS[type(header)]
+    if header.version != cls.VERSION:
+        raise WireError(f"{cls.SCHEMA}: field 'version': got {header.version!r}, expected {cls.VERSION}", "version")
+    return cls, header, _shapes(cls, header.arrays)
+
+
+def _header_error(buf: bytes | memoryview, e: msgspec.DecodeError) -> WireError:
+    """The WireError for a header msgspec rejected, naming schema, field and kind (the slow path: errors only)."""
+    try:
+        raw = msgpack.unpackb(buf, raw=False, strict_map_key=False)
+    except Exception as parse_error:  # noqa: BLE001 - any failure to parse means the same: not msgpack
+        kind = "truncated" if "incomplete" in str(parse_error) else "garbage"
+        return WireError(f"header: not valid msgpack ({type(parse_error).__name__}: {parse_error})", kind)
+    if not isinstance(raw, dict):
+        return WireError(f"header: got {type(raw).__name__}, expected a msgpack map", "garbage")
+    schema = raw.get("schema")
+    cls = _REGISTRY.get(schema) if isinstance(schema, str) else None
+    if cls is None:
+        return WireError(f"header: field 'schema': unknown schema {schema!r}", "schema")
+    # msgspec's text: "Expected `int`, got `bool` - at `$.seq`" or "... - at `key` in `$.counters`"
+    text, _, where = str(e).partition(" - at ")
+    key = where.startswith("`key`")
+    path = re.sub(r"^\$\.?", "", where.rpartition(" in ")[2].strip("`"))
+    if path.startswith("arrays["):  # name the array: arrays[1].shape[0] -> array 'qd_rad_s' shape[0]
+        i, _, rest = path[len("arrays["):].partition("]")
+        name = list(cls.ARRAYS)[int(i)] if i.isdigit() and int(i) < len(cls.ARRAYS) else f"#{i}"
+        path = f"array {name!r}{' ' + rest.lstrip('.') if rest else ''}"
+    elif path:
+        path = f"field {path!r}{' (a key)' if key else ''}"
+    for theirs, ours in (("Object missing required field", "missing field"), ("Object contains unknown field",
+                         "extra field"), ("`object`", "map"), ("`array`", "list"), ("`", "")):
+        text = text.replace(theirs, ours)
+    kind = "version" if path == "field 'version'" else "field"
+    return WireError(f"{cls.SCHEMA}: {path + ': ' if path else ''}{text[:1].lower()}{text[1:]}", kind)
+
+
+def encode(msg: Message) -> list[bytes | memoryview]:
+    """Frames for `msg`: [msgpack header, one "<f8" buffer per array].
+
+    Arrays may be any real numeric dtype, byte order or layout; they are converted to
+    little-endian C-contiguous float64, without a copy when already so (the frame is then a
+    memoryview of the caller's array). Raises WireError when `msg` would not decode (the header is
+    checked by the receiver's own decoder; a non-finite array value included), so the sender fails
+    loudly instead of the receiver dropping it.
+    """
+    cls = type(msg)
+    if _REGISTRY.get(getattr(cls, "SCHEMA", None)) is not cls:
+        raise WireError(f"encode: {cls.__name__} is not a wire message")
+    header: dict[str, Any] = {"schema": cls.SCHEMA, "version": cls.VERSION}
+    for name in _SCALARS[cls]:
+        header[name] = getattr(msg, name)
+    metas, flat = [], []
+    for name in cls.ARRAYS:
+        a = np.asarray(getattr(msg, name))
+        if a.dtype.kind not in "fiu":
+            raise WireError(f"{cls.SCHEMA}: array {name!r}: dtype {a.dtype.str!r} is not real numeric")
+        a = np.ascontiguousarray(a, dtype=_DTYPE)
+        if not _all_finite(a):  # the receiver would reject it: fail here
+            raise WireError(f"{cls.SCHEMA}: array {name!r}: non-finite value", "nonfinite")
+        metas.append({"name": name, "dtype": _DTYPE, "shape": list(a.shape)})
+        # ravel + uint8 view keeps the memoryview 1-D bytes even for H=0, where memoryview.cast fails.
+        flat.append(memoryview(a.reshape(-1).view(np.uint8)))
+    header["arrays"] = metas
+    try:
+        packed = _ENCODER.encode(header)
+    except (TypeError, OverflowError) as e:  # a value msgpack cannot carry (a numpy scalar, say): name it
+        bad = [n for n in _SCALARS[cls] if type(header[n]) not in (int, str, dict)]
+        raise WireError(f"{cls.SCHEMA}: {f'field {bad[0]!r}: ' if bad else ''}cannot encode "
+                        f"{type(header[bad[0]]).__name__ if bad else 'the header'} ({e})") from None
+    if len(packed) > MAX_HEADER_BYTES:
+        raise WireError(f"{cls.SCHEMA}: header is {len(packed)} bytes, limit {MAX_HEADER_BYTES}")
+    _header(memoryview(packed))  # what the receiver checks, checked here
+    return [packed, *flat]
+
+
+def _as_bytes(frame: Any, i: int) -> memoryview:
+    """1-D byte view of a bytes / memoryview / zmq.Frame, without copying."""
+    try:
+        mv = memoryview(frame)
+    except TypeError:
+        raise WireError(f"frame {i}: {type(frame).__name__} is not bytes-like", "garbage") from None
+    if mv.nbytes == 0:
+        return memoryview(b"")
+    if mv.ndim == 1 and mv.format == "B":
+        return mv
+    if not mv.c_contiguous:
+        raise WireError(f"frame {i}: buffer is not contiguous", "garbage")
+    return mv.cast("B")
+
+
+def decode(frames: Sequence[Any]) -> Message:
+    """The message carried by `frames` (bytes, memoryview or zmq.Frame), with arrays copied out.
+
+    Arrays come back as fresh, writeable native float64 with the header's shape. Raises
+    WireError, naming schema and field, for: wrong frame count (1..MAX_FRAMES, and one frame
+    per array), oversized or non-msgpack header, header not a map, unknown schema, wrong
+    version, missing/extra fields, wrong scalar types (bool is not int), rung not in RUNGS,
+    dtype other than "<f8", shape of wrong rank or outside D 1..32 / H 0..256 or disagreeing
+    on D, an array frame whose length is not prod(shape) * 8, and a NaN or inf array value.
+    """
+    if not 1 <= len(frames) <= MAX_FRAMES:
+        raise WireError(f"frames: got {len(frames)}, expected 1..{MAX_FRAMES}", "frames")
+    bufs = [f if type(f) is bytes else _as_bytes(f, i) for i, f in enumerate(frames)]  # len() = bytes
+    if len(bufs[0]) > MAX_HEADER_BYTES:
+        raise WireError(f"header: {len(bufs[0])} bytes, limit {MAX_HEADER_BYTES}", "oversize")
+    cls, header, shapes = _header(bufs[0])
+    if len(bufs) - 1 != len(shapes):
+        raise WireError(f"{cls.SCHEMA}: frames: {len(bufs) - 1} array frame(s) for {len(shapes)} array(s)",
+                        "frames")
+    values = {name: getattr(header, name) for name in _SCALARS[cls]}
+    sizes = [math.prod(shape) for shape in shapes]  # bounded by _DIM_BOUNDS: small and safe to compute
+    for name, shape, n, buf in zip(cls.ARRAYS, shapes, sizes, bufs[1:]):
+        if len(buf) != n * 8:
+            short = len(buf) < n * 8
+            raise WireError(f"{cls.SCHEMA}: array {name!r}: {'truncated' if short else 'oversized'} frame, "
+                            f"{len(buf)} bytes, expected {n * 8} for shape {list(shape)}",
+                            "truncated" if short else "oversize")
+    # one copy of all arrays, one finite check, a writeable view per array
+    flat = np.frombuffer(b"".join(bufs[1:]), dtype=_DTYPE).copy() if shapes else None
+    if flat is not None and not _all_finite(flat):  # a NaN joint target must never reach a robot
+        bad = next(name for name, b in zip(cls.ARRAYS, bufs[1:]) if not _all_finite(np.frombuffer(b, _DTYPE)))
+        raise WireError(f"{cls.SCHEMA}: array {bad!r}: non-finite value", "nonfinite")
+    offset = 0
+    for name, shape, n in zip(cls.ARRAYS, shapes, sizes):
+        values[name] = flat[offset: offset + n].reshape(shape)
+        offset += n
+    return cls(**values)

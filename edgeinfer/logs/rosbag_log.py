@@ -1,0 +1,89 @@
+"""rosbag2 (sqlite3 .db3 or mcap storage) and ROS 1 .bag joint logs through `rosbags` (AnyReader).
+
+Message definitions come from the bag; bags without them fall back to the ROS 2 Humble / ROS 1 Noetic
+typestores that rosbags ships.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from edgeinfer.logs.arm_log import ArmLog, LogError
+from edgeinfer.logs.fields import JOINT_STATE, TimeSource, joint_values, record_time_ns
+from edgeinfer.logs.samples import OnError, Records
+
+
+def bag_paths(path: Path) -> tuple[list[Path], str]:
+    """([paths for AnyReader], "rosbag1" | "rosbag2") for a .bag file, a rosbag2 directory, or a .db3/.mcap
+    file inside one (its directory is the bag). Raises LogError when it is none of these."""
+    if path.is_file() and path.suffix == ".bag":
+        return [path], "rosbag1"
+    if path.is_file() and path.suffix in (".db3", ".mcap") and (path.parent / "metadata.yaml").is_file():
+        return [path.parent], "rosbag2"
+    if path.is_dir() and (path / "metadata.yaml").is_file():
+        return [path], "rosbag2"
+    raise LogError(f"{path}: not a ROS 1 .bag file or a rosbag2 directory (with metadata.yaml)")
+
+
+def read_rosbag_log(path: str | Path, topic: str | None = None, q_field: str = "position",
+                    qd_field: str = "velocity", time_source: TimeSource = "header",
+                    on_error: OnError = "raise") -> ArmLog:
+    """Read one topic of a ROS 1 or ROS 2 bag into an ArmLog (sorted by time).
+
+    topic: default the first sensor_msgs/msg/JointState connection. time_source: "header" = header.stamp,
+    "log" = the bag's receive timestamp. Raises LogError naming the bag and the 0-based message index on the
+    topic for an unreadable or undecodable message (on_error="truncate" keeps the messages before it), for a
+    bag rosbags cannot open (an unindexed ROS 1 bag needs `rosbag reindex`; a damaged sqlite3 file), or for a
+    missing topic. A rosbag2 in mcap storage that rosbags cannot open (truncated: no file end) is read as an
+    MCAP stream (sim.readers.mcap_log), so the messages before the damage stay usable.
+    """
+    from rosbags.highlevel import AnyReader
+    from rosbags.typesys import Stores, get_typestore
+
+    path = Path(path)
+    paths, kind = bag_paths(path)
+    store = get_typestore(Stores.ROS1_NOETIC if kind == "rosbag1" else Stores.ROS2_HUMBLE)
+    try:
+        reader = AnyReader(paths, default_typestore=store)
+        reader.open()
+    except Exception as e:  # rosbags raises its own error types and sqlite3/struct errors for damaged files
+        mcaps = sorted(paths[0].glob("*.mcap")) if kind == "rosbag2" else []
+        if len(mcaps) == 1:
+            # rosbags needs an intact file end; mcap storage can still be read as a stream up to the damage
+            from edgeinfer.logs.mcap_log import read_mcap_log
+
+            log = read_mcap_log(mcaps[0], topic, q_field, qd_field, time_source, on_error)
+            log.source = kind
+            return log
+        raise LogError(f"{path}: cannot open {kind} ({type(e).__name__}: {e})") from None
+    try:
+        conns = [c for c in reader.connections if (c.topic == topic if topic else c.msgtype == JOINT_STATE)]
+        if not conns:
+            topics = sorted(f"{c.topic} ({c.msgtype})" for c in reader.connections)
+            raise LogError(f"{path}: no {topic or JOINT_STATE} topic; topics: {topics}")
+        conns = [c for c in conns if c.topic == conns[0].topic]
+        rec = Records(f"{path} topic {conns[0].topic}", on_error, unit="message")
+        messages = reader.messages(connections=conns)
+        while True:
+            index = len(rec)
+            try:
+                item = next(messages, None)
+            except Exception as e:
+                rec.fail(index, f"unreadable ({type(e).__name__}: {e})")
+                break
+            if item is None:
+                break
+            conn, t_log_ns, raw = item
+            try:
+                msg = reader.deserialize(raw, conn.msgtype)
+            except Exception as e:
+                rec.fail(index, f"cannot decode {conn.msgtype} ({type(e).__name__}: {e})")
+                break
+            q, qd = joint_values(msg, q_field, qd_field)
+            if q is None:
+                rec.fail(index, f"no field {q_field!r}")
+                break
+            if not rec.add(record_time_ns(msg, t_log_ns, time_source), q, qd):
+                break
+    finally:
+        reader.close()
+    return rec.to_arm_log(path.stem, kind)
