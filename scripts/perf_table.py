@@ -1,7 +1,7 @@
-"""Render a saved `edgeinfer bench` result as the README's markdown table (never typed by hand).
+"""Render a saved `edgeinfer bench` result as the markdown table of benchmarks/results/README.md (never by hand).
 
-    python scripts/perf_table.py out/bench_cpu.json                              # print the markdown
-    python scripts/perf_table.py out/bench_cpu.json --readme README.md --section cpu   # replace in place
+    python scripts/perf_table.py out/bench_cpu.json                            # print the markdown
+    python scripts/perf_table.py out/bench_cpu.json --readme benchmarks/results/README.md --section cpu
 
 With --readme, the text between the lines `<!-- bench-table:SECTION -->` and `<!-- /bench-table:SECTION -->`
 is replaced by the table; a README without those markers is an error (exit 2), never silently appended to.
