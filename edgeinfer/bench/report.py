@@ -1,5 +1,6 @@
 """Rendering a bench result (edgeinfer.bench.suite): the terminal table (rich), the markdown table of
-benchmarks/results/README.md, and the comparison with a base result. Everything is computed from the JSON, never typed by hand."""
+benchmarks/results/README.md, and the comparison with a base result. Everything is computed from the JSON, never
+typed by hand."""
 from __future__ import annotations
 
 import os
