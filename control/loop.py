@@ -22,7 +22,8 @@ import numpy as np
 import zmq
 
 from edgeinfer.control.buffer import ChunkBuffer
-from edgeinfer.control.safety import SafetyLimits
+from edgeinfer.control.command import CommandCounters, command
+from edgeinfer.control.safety import CommandConfig
 from edgeinfer.core import transport
 from edgeinfer.core.clock import Ticker, enter_realtime, now_ns
 from edgeinfer.core.lifecycle import ParentWatch
@@ -32,41 +33,37 @@ from edgeinfer.core.wire import ActionChunk, Heartbeat, JointCommand, Observatio
 
 
 @dataclass
-class ControlConfig:
-    """phase_ms: delay of tick n after observation n's scheduled time (lets the observation arrive).
-    spin_us: busy-wait tail before each tick. blend_ms: cross-fade from the previous chunk's targets to a new
-    chunk's at a chunk boundary (control/buffer.py; 0: switch at once)."""
+class ControlConfig(CommandConfig):
+    """The control loop node: its tick timing, real-time settings and status messages; blend_ms and the safety
+    limits (CommandConfig) are those of every controller."""
 
+    # Delay of tick n after observation n's scheduled time, ms (lets the observation arrive).
     phase_ms: float = 1.0
-    spin_us: float = 200.0
+    spin_us: float = 200.0  # busy-wait tail before each tick, us
     realtime_priority: int = 60  # SCHED_FIFO priority, best effort (0 = off), as ros2_control does
     control_cpus: list[int] | None = None  # CPUs the control loop may use (None: any)
-    limits: SafetyLimits = field(default_factory=SafetyLimits)
-    control_heartbeat_ms: float = 10.0  # Heartbeat period on the status PUB
-    control_lease_ms: float = 50.0  # liveliness lease the control loop announces
-    control_stats_ms: float = 200.0  # Stats period on the status PUB
-    blend_ms: float = 10.0
+    control_heartbeat_ms: float = 10.0  # Heartbeat period on the status PUB, ms
+    control_lease_ms: float = 50.0  # liveliness lease the control loop announces, ms
+    control_stats_ms: float = 200.0  # Stats period on the status PUB, ms
 
     def __post_init__(self):
+        super().__post_init__()
         if not 0 < self.control_heartbeat_ms < self.control_lease_ms or not self.control_stats_ms > 0:
             raise ValueError("ControlConfig: need 0 < control_heartbeat_ms < control_lease_ms and "
                              f"control_stats_ms > 0, got {self.control_heartbeat_ms}, {self.control_lease_ms}, "
                              f"{self.control_stats_ms}")
         if not 0 <= self.phase_ms < 1000 or not 0 <= self.spin_us <= 10_000:
             raise ValueError("ControlConfig.phase_ms must be in [0, 1000) and spin_us in [0, 10000]")
-        if not 0 <= self.blend_ms <= 1000:
-            raise ValueError(f"ControlConfig.blend_ms must be in [0, 1000], got {self.blend_ms}")
         if not 0 <= self.realtime_priority <= 99:
             raise ValueError(f"ControlConfig.realtime_priority must be in 0..99, got {self.realtime_priority}")
 
 
 @dataclass
-class ControlStats:
-    ticks: int = 0
+class ControlStats(CommandCounters):
+    """The command path's counters (control/command.py: ticks, holds, no_state, clamped, nonfinite_targets,
+    rungs) and the node's own."""
+
     observations: int = 0  # Observation messages received
-    holds: int = 0
-    no_state: int = 0  # ticks before any observation or chunk: nothing safe to command, none sent
-    clamped: int = 0
     overruns: int = 0
     malformed: int = 0
     malformed_by_kind: dict = field(default_factory=dict)
@@ -75,7 +72,6 @@ class ControlStats:
     holds_runtime_dead: int = 0  # holds while the runtime was dead
     chunks_expired: int = 0  # chunks whose whole horizon had passed on arrival: discarded
     chunks_superseded: int = 0  # chunks older than the newest, or anchor-only (the runtime's continue rung)
-    nonfinite_targets: int = 0  # non-finite interpolated targets replaced by the clamp (never sent)
 
 
 class ControlLoop:
@@ -225,29 +221,17 @@ class ControlLoop:
         self.telemetry.counters.update(counters)
 
     def _command(self, n: int, t_tick_ns: int, period_s: float) -> None:
-        sample = self.buffer.sample(t_tick_ns) if self.runtime.alive else None
-        if sample is None:  # watchdog: nothing valid covers this tick, or the runtime is dead
-            q, rung, chunk_seq = self.last_q, "hold", -1
-            if q is None and self.last_obs is not None:
-                q = self.last_obs.q_rad
-            if q is None:
-                self.stats.no_state += 1
-                return  # no state at all yet: nothing safe to command; the replayer counts it lost
-            self.stats.holds += 1
-            self.stats.holds_runtime_dead += not self.runtime.alive
-        else:
-            q, rung, chunk_seq = sample
-            if not np.all(np.isfinite(q)):  # the clamp below replaces it; count it, never send it
-                self.stats.nonfinite_targets += 1
-        # the first command is rate-limited from the measured position, every later one from the last command
-        reference = self.last_q if self.last_q is not None else (self.last_obs.q_rad if self.last_obs else None)
-        q, clamped = self.cfg.limits.clamp(q, reference, period_s)
-        self.stats.clamped += clamped
-        self.stats.ticks += 1
-        self.last_q = q
+        # a dead runtime's chunks are not trusted: hold (control/command.py: the path the Controller shares)
+        cmd = command(self.buffer if self.runtime.alive else None, t_tick_ns, self.last_q,
+                      self.last_obs.q_rad if self.last_obs is not None else None, self.cfg.limits, period_s,
+                      self.stats)
+        if cmd is None:
+            return  # no state at all yet: nothing safe to command; the replayer counts it lost
+        self.stats.holds_runtime_dead += cmd.rung == "hold" and not self.runtime.alive
+        self.last_q = cmd.q_rad
         obs_seq = self.last_obs.seq if self.last_obs is not None else -1
         t_send = now_ns()
-        transport.send(self.commands, JointCommand(n, obs_seq, chunk_seq, t_send, q, rung))
+        transport.send(self.commands, JointCommand(n, obs_seq, cmd.chunk_obs_seq, t_send, cmd.q_rad, cmd.rung))
         self.telemetry.observe_ns("tick_lateness", t_send - t_tick_ns)
 
     def close(self) -> None:

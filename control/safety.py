@@ -11,9 +11,9 @@ class SafetyLimits:
     """Per-joint limits. Defaults are the Schunk LWA 4P ranges (±170° on every joint, a conservative
     reading of the datasheet) and 2 rad/s, above the 1.3 rad/s peak seen in the recordings."""
 
-    q_min_rad: list[float] = field(default_factory=lambda: [-2.967] * 6)
-    q_max_rad: list[float] = field(default_factory=lambda: [2.967] * 6)
-    qd_max_rad_s: float = 2.0
+    q_min_rad: list[float] = field(default_factory=lambda: [-2.967] * 6)  # lower joint position limits, rad
+    q_max_rad: list[float] = field(default_factory=lambda: [2.967] * 6)  # upper joint position limits, rad
+    qd_max_rad_s: float = 2.0  # joint speed limit between two commands, rad/s (every joint)
 
     def __post_init__(self):
         if not np.all(np.isfinite(np.r_[self.q_min_rad, self.q_max_rad, self.qd_max_rad_s])):
@@ -38,3 +38,19 @@ class SafetyLimits:
             step = self.qd_max_rad_s * period_s
             q = np.clip(q, q_last_rad - step, q_last_rad + step)
         return q, bool(np.any(q != q_rad))
+
+
+@dataclass(kw_only=True)
+class CommandConfig:
+    """How every controller turns chunks into commands (control/command.py): the cross-fade at a chunk boundary,
+    then the safety clamp. Shared by the control loop node (ControlConfig) and the embedded Controller
+    (ControllerConfig), so the two cannot drift apart."""
+
+    # Cross-fade from the previous chunk's targets to a new chunk's at a chunk boundary, ms (control/buffer.py;
+    # 0: switch at once).
+    blend_ms: float = 10.0
+    limits: SafetyLimits = field(default_factory=SafetyLimits)  # joint position and velocity limits
+
+    def __post_init__(self):
+        if not 0 <= self.blend_ms <= 1000:
+            raise ValueError(f"{type(self).__name__}.blend_ms must be in [0, 1000], got {self.blend_ms}")

@@ -5,50 +5,50 @@ A launch file has one table per node, named by its edgeinfer command; the nodes 
 each only once the one before it is ready:
 
     [serve]                        # a service: runs until the tasks are done (or Ctrl-C)
-    obs = "tcp://127.0.0.1:5601"   # every key fills the command's *Config dataclasses (config_cli.build)
+    obs = "tcp://127.0.0.1:5601"   # every key fills the command's *Config dataclasses (edgeinfer.core.config.load)
     [hil]                          # a task: the launch is done when every task has exited
     endpoint = "tcp://127.0.0.1:5602"
 
-Every table is checked (config_cli.build: unknown keys and wrong types name the key) before anything starts,
-and each node runs as `python -m edgeinfer <command> <its options>` (config_cli.to_argv), in a session of its
+Every table is checked (edgeinfer.core.config.load: unknown keys and wrong types name the key) before anything starts,
+and each node runs as `python -m edgeinfer <command> <its options>` (core.config.to_argv), in a session of its
 own (its own process group), its output in LOG_DIR/<command>.log. Ready means: a runtime (serve) published a
 Hello on its chunk endpoint (its own start-up handshake, after its engine's warm-up: transport.wait_for_hello);
 a control node (which sends nothing before a run begins) and a task are ready once started (a task's handshakes
 with its peers are its own business). A node that exits non-zero fails
-the launch. Teardown: SIGTERM to each node's process group, newest first, SIGKILL to what is left after
-grace_s, and the same for any descendant that left the group (a replayer's runtime and control nodes run in
-sessions of their own). Exit code: 0 when every node succeeded, 1 when any failed, 130 when interrupted.
+the launch. Teardown (procs.nodes.NodeGroup, the wirer that replay and hil start their nodes with too):
+SIGTERM to each node's process group, newest first, SIGKILL to what is left after grace_s, and the same for any
+descendant that left the group (a replayer's runtime and control nodes run in sessions of their own).
+`--dry-run true` prints the process graph as a launch file, with the nodes each replay or hil starts, and
+starts nothing. Exit code: 0 when every node succeeded, 1 when any failed, 130 when interrupted.
 """
 from __future__ import annotations
 
-import argparse
 import os
-import select
 import signal
-import subprocess
-import sys
 import time
-import tomllib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
-import zmq
 from rich.console import Console
 from rich.table import Table
 
 from edgeinfer.core import transport
-from edgeinfer.core.config import build, to_argv
-from edgeinfer.core.lifecycle import PARENT_PID_ENV
+from edgeinfer.core.commands import NODE_COMMANDS, config_classes
+from edgeinfer.core.config import load, read_toml
+from edgeinfer.procs.nodes import Node, NodeGroup
+from edgeinfer.procs.spec import NodeSpec, to_toml
 
 
 @dataclass
 class LaunchConfig:
-    """grace_s: SIGTERM -> SIGKILL on teardown. handshake_timeout_s: how long a service may take to be ready.
-    log_dir: each node's output as <command>.log (None: out/launch/<launch file's name>)."""
+    """How a launch starts, supervises and tears down its nodes."""
 
-    grace_s: float = 10.0
-    handshake_timeout_s: float = 300.0
-    log_dir: Path | None = None
+    grace_s: float = 10.0  # SIGTERM -> SIGKILL on teardown, s
+    handshake_timeout_s: float = 300.0  # how long a service may take to be ready, s
+    log_dir: Path | None = None  # each node's output as <command>.log (None: out/launch/<launch file's name>)
+    # Print the process graph (the file's nodes as a launch file, and the nodes a replay among them starts) and
+    # start nothing.
+    dry_run: bool = False
 
     def __post_init__(self):
         self.log_dir = Path(self.log_dir) if self.log_dir is not None else None
@@ -58,124 +58,44 @@ class LaunchConfig:
             raise ValueError(f"LaunchConfig.handshake_timeout_s must be > 0, got {self.handshake_timeout_s}")
 
 
-def _replay():
-    from edgeinfer.sim.replay import ReplayConfig
-    return (ReplayConfig,)
-
-
-def _serve():
-    from edgeinfer.node.runtime import RuntimeConfig
-    return (RuntimeConfig, transport.Endpoints)
-
-
-def _control():
-    from edgeinfer.control.loop import ControlConfig
-    return (ControlConfig, transport.Endpoints)
-
-
-def _hil():
-    from edgeinfer.sim.hil import HilConfig
-    return (HilConfig,)
-
-
-# command -> (its *Config classes, imported on use; a task (True) or a service (False))
-NODE_KINDS = {"replay": (_replay, True), "hil": (_hil, True), "serve": (_serve, False), "control": (_control, False)}
-
-
-@dataclass
-class Node:
-    """One child process of a launch: its command, argv, state and exit code."""
-
-    command: str
-    argv: list[str]
-    task: bool
-    ready_endpoint: str | None = None  # a service's chunk PUB: ready at its first Hello there
-    endpoints: transport.Endpoints | None = None
-    proc: subprocess.Popen | None = None
-    log: Path | None = None
-    state: str = "pending"  # pending, starting, ready, done, failed, stopped
-    t_start: float = 0.0
-    ready_s: float | None = None
-    returncode: int | None = None
-    descendants: dict[int, str] = field(default_factory=dict)  # pid -> start time, seen while it ran
-
-
-def load_nodes(path: Path) -> list[Node]:
+def load_nodes(path: Path) -> list[NodeSpec]:
     """The nodes of launch file `path`, in file order, each table checked against its command's *Config
     dataclasses (relative paths resolve against the file's folder). Raises ValueError naming the file and the
     table or key for invalid TOML, an unknown command, an unknown key or a wrong type; FileNotFoundError."""
-    with open(path, "rb") as fh:
-        try:
-            doc = tomllib.load(fh)
-        except tomllib.TOMLDecodeError as e:
-            raise ValueError(f"{path}: {e}") from None
-    unknown = [k for k in doc if k not in NODE_KINDS]
+    doc = read_toml(path)
+    unknown = [k for k in doc if k not in NODE_COMMANDS]
     if unknown or not doc:
         raise ValueError(f"{path}: {'no node tables' if not doc else f'unknown table(s) {unknown}'}; a launch "
-                         f"file has one table per node, named by its command: {sorted(NODE_KINDS)}")
+                         f"file has one table per node, named by its command: {sorted(NODE_COMMANDS)}")
     base = path.resolve().parent
     nodes = []
     for command, table in doc.items():
-        classes_of, task = NODE_KINDS[command]
         if not isinstance(table, dict):
             raise ValueError(f"{path}: {command} must be a table ([{command}]), got {table!r}")
-        classes = classes_of()
+        classes = config_classes(command)
         known = set().union(*({f for f in cls.__dataclass_fields__} for cls in classes))
         if extra := sorted(set(table) - known):
             raise ValueError(f"{path}: [{command}]: unknown keys {extra}; known: {sorted(known)}")
-        argv, endpoints = [], None
+        configs = []
         for cls in classes:
             part = {k: v for k, v in table.items() if k in cls.__dataclass_fields__}
             try:
-                cfg = build(cls, argparse.Namespace(), part, base)
+                cfg = load(cls, part, base_dir=base)
             except ValueError as e:
                 raise ValueError(f"{path}: [{command}]: {e}") from None
-            if isinstance(cfg, transport.Endpoints):
-                endpoints = cfg
-            argv += to_argv(cfg)
-        ready = endpoints.chunks if (endpoints is not None and command == "serve") else None
-        nodes.append(Node(command, [sys.executable, "-m", "edgeinfer", command, *argv], task, ready, endpoints))
+            configs.append(cfg)
+        nodes.append(NodeSpec(command, tuple(configs)))
     return nodes
-
-
-def _proc_start_time(pid: int) -> str | None:
-    """Field 22 of /proc/PID/stat (start time in clock ticks): with the pid, names one process for good.
-    None when there is no such process or it is a zombie (dead, waiting to be reaped)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-    return None if fields[0] in ("Z", "X") else fields[19]
-
-
-def descendants(pid: int) -> dict[int, str]:
-    """{pid: start time} of every living descendant of `pid` (from /proc/*/stat parent pids)."""
-    parent_of = {}
-    for d in os.listdir("/proc"):
-        if d.isdigit():
-            try:
-                fields = Path(f"/proc/{d}/stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            parent_of[int(d)] = int(fields[1])
-    out, frontier = {}, [pid]
-    while frontier:
-        p = frontier.pop()
-        for child, parent in parent_of.items():
-            if parent == p and child not in out:
-                if (start := _proc_start_time(child)) is not None:
-                    out[child] = start
-                    frontier.append(child)
-    return out
 
 
 class Launch:
     """The running nodes of one launch file: start() them in order, supervise() until the tasks are done,
-    close() (always) tears everything down. Use as a context manager."""
+    close() (always) tears everything down (procs.nodes.NodeGroup). Use as a context manager."""
 
-    def __init__(self, nodes: list[Node], cfg: LaunchConfig, log_dir: Path, console: Console):
-        self.nodes, self.cfg, self.log_dir, self.console = nodes, cfg, log_dir, console
-        self.ctx = zmq.Context()
+    def __init__(self, specs: list[NodeSpec], cfg: LaunchConfig, log_dir: Path, console: Console):
+        self.specs, self.cfg, self.log_dir, self.console = specs, cfg, log_dir, console
+        self.group = NodeGroup(cfg.grace_s, say=self._say)
+        self.started: dict[int, Node] = {}  # index in specs -> its node
 
     def __enter__(self):
         return self
@@ -184,103 +104,50 @@ class Launch:
         self.close()
 
     def _say(self, node: Node, text: str, style: str = "") -> None:
-        pid = node.proc.pid if node.proc is not None else "-"
-        self.console.print(f"[bold]{node.command}[/bold] (pid {pid}): " + (f"[{style}]{text}[/]" if style else text))
+        self.console.print(f"[bold]{node.spec.command}[/bold] (pid {node.pid}): "
+                           + (f"[{style}]{text}[/]" if style else text))
 
     def start(self) -> None:
         """Start each node, then wait for it to be ready before the next. Raises RuntimeError naming the
         node when one exits during start-up, TimeoutError when a service is not ready in time."""
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        for node in self.nodes:
-            node.log = self.log_dir / f"{node.command}.log"
-            env = {**os.environ, PARENT_PID_ENV: str(os.getpid()), "COLUMNS": os.environ.get("COLUMNS", "120")}
-            with node.log.open("w") as out:  # the child holds its own copy of the descriptor
-                node.proc = subprocess.Popen(node.argv, stdout=out, stderr=subprocess.STDOUT,
-                                             stdin=subprocess.DEVNULL, start_new_session=True, env=env)
-            node.t_start, node.state = time.monotonic(), "starting"
-            self._say(node, f"started: {' '.join(node.argv[2:4])} ... (log {node.log})")
-            if node.ready_endpoint is not None:
-                self._await_hello(node)
-            if node.task:
+        for i, spec in enumerate(self.specs):
+            spec.log = self.log_dir / f"{spec.command}.log"
+            spec.env = {"COLUMNS": os.environ.get("COLUMNS", "120")}
+            node = self.started[i] = self.group.start(spec)
+            self._say(node, f"started: {' '.join(spec.argv[2:4])} ... (log {spec.log})")
+            if spec.task:
                 node.state = "running"
                 self._say(node, "running", "green")
-            else:
-                node.ready_s, node.state = time.monotonic() - node.t_start, "ready"
-                self._say(node, f"ready after {node.ready_s:.1f} s", "green")
-
-    def _await_hello(self, node: Node) -> None:
-        sock = transport.sub(self.ctx, node.ready_endpoint, curve=node.endpoints.curve_keys())
-        try:
-            def alive():  # any node started so far that exited: poll() records it and raises if it failed
-                if any(n.proc is not None and n.returncode is None and n.proc.poll() is not None for n in self.nodes):
-                    self.poll()
-                if node.returncode is not None:
-                    raise RuntimeError(f"{node.command} exited with code {node.returncode} during start-up")
-            transport.wait_for_hello([transport.Receiver(sock)], self.cfg.handshake_timeout_s, check=alive)
-        finally:
-            sock.close(linger=0)
+                continue
+            if spec.ready_endpoint is not None:
+                self.group.await_hello(node, self.cfg.handshake_timeout_s, check=self.poll)
+            node.ready_s, node.state = time.monotonic() - node.t_start, "ready"
+            self._say(node, f"ready after {node.ready_s:.1f} s", "green")
 
     def poll(self) -> None:
-        """Update node states from exited processes and note their descendants (for teardown); raise
-        RuntimeError naming a node that failed."""
-        for node in self.nodes:
-            if node.proc is None or node.returncode is not None:
-                continue
-            node.descendants.update(descendants(node.proc.pid))
-            if (code := node.proc.poll()) is None:
-                continue
-            node.returncode = code
-            node.state = "done" if code == 0 else "failed"
+        """Update node states from exited processes (and note their descendants, for teardown); raise
+        RuntimeError naming a node that failed, with its log's tail."""
+        for node in self.group.poll():
+            code = node.returncode
             self._say(node, f"exited with code {code}", "green" if code == 0 else "red")
             if code != 0:
-                raise RuntimeError(f"{node.command} exited with code {code}; its log {node.log} ends:\n"
-                                   + _tail(node.log))
+                raise RuntimeError(f"{node.spec.command} exited with code {code}; its log {node.spec.log} ends:\n"
+                                   + "\n".join(node.tail(20_000).splitlines()[-20:]))
 
     def supervise(self) -> None:
         """Until every task has exited (every node, when there is no task). Raises RuntimeError as poll."""
-        pidfds = {}
-        for node in self.nodes:
-            try:
-                pidfds[os.pidfd_open(node.proc.pid)] = node
-            except (OSError, AttributeError):  # exited and reaped already, or no pidfd (wake on the timeout)
-                pass
-        try:
-            while True:
-                self.poll()
-                waiting = [n for n in self.nodes if n.returncode is None and (n.task or not any(m.task for m in
-                                                                                                  self.nodes))]
-                if not waiting:
-                    return
-                live = [fd for fd, n in pidfds.items() if n.returncode is None]
-                select.select(live, [], [], 1.0)  # wakes when a child exits; the timeout refreshes descendants
-        finally:
-            for fd in pidfds:
-                os.close(fd)
+        any_task = any(s.task for s in self.specs)
+        while True:
+            self.poll()
+            if not [n for n in self.started.values() if n.returncode is None and (n.spec.task or not any_task)]:
+                return
+            self.group.wait_any(1.0)  # wakes when a child exits; the timeout refreshes descendants
 
     def close(self) -> None:
         """SIGTERM every live node's process group (newest first), SIGKILL whatever is left after grace_s,
-        including descendants that left the group; record each node's exit code."""
-        live = [n for n in reversed(self.nodes) if n.proc is not None and n.proc.poll() is None]
-        for node in live:
-            node.descendants.update(descendants(node.proc.pid))
-            _signal_group(node.proc.pid, signal.SIGTERM)
-            self._say(node, "SIGTERM")
-        deadline = time.monotonic() + self.cfg.grace_s
-        for node in live:
-            try:
-                node.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                _signal_group(node.proc.pid, signal.SIGKILL)
-                node.proc.wait()
-                self._say(node, f"SIGKILL after {self.cfg.grace_s} s", "red")
-        for node in self.nodes:  # a grandchild in a session of its own, still running after its parent
-            for pid, start in node.descendants.items():
-                if _proc_start_time(pid) == start:
-                    _kill_pid(pid, start, self.cfg.grace_s)
-            if node.proc is not None and node.returncode is None:
-                node.returncode = node.proc.returncode
-                node.state = "stopped" if node.state in ("ready", "running", "starting") else node.state
-        self.ctx.destroy(linger=0)
+        including descendants that left the group (NodeGroup.close)."""
+        self.group.close()
 
     def table(self) -> Table:
         t = Table(title="edgeinfer launch")
@@ -288,43 +155,37 @@ class Launch:
             t.add_column(col, no_wrap=True)
         t.add_column("log", overflow="fold")
         colour = {"done": "green", "stopped": "yellow", "failed": "red"}
-        for n in self.nodes:
-            t.add_row(n.command, "task" if n.task else "service", str(n.proc.pid) if n.proc else "-",
-                      f"[{colour.get(n.state, 'default')}]{n.state}[/]",
-                      f"{n.ready_s:.1f} s" if n.ready_s is not None else "-",
-                      str(n.returncode) if n.returncode is not None else "-", str(n.log or "-"))
+        for i, spec in enumerate(self.specs):
+            n = self.started.get(i)
+            state = n.state if n is not None else "pending"
+            t.add_row(spec.command, "task" if spec.task else "service", str(n.pid) if n else "-",
+                      f"[{colour.get(state, 'default')}]{state}[/]",
+                      f"{n.ready_s:.1f} s" if n is not None and n.ready_s is not None else "-",
+                      str(n.returncode) if n is not None and n.returncode is not None else "-",
+                      str(spec.log or "-"))
         return t
 
 
-def _signal_group(pid: int, sig: int) -> None:
-    try:
-        os.killpg(pid, sig)  # the node leads its own session, so its group id is its pid
-    except ProcessLookupError:
-        pass
+def graph(specs: list[NodeSpec]) -> str:
+    """The process graph of a launch file's nodes as a launch file, each replay followed by the nodes it starts
+    (commented out: the replay starts them itself, on endpoints it picks when it runs)."""
+    text = to_toml(specs)
+    for spec in specs:
+        if spec.command in ("replay", "hil"):
+            inner = to_toml(_nodes_of(spec))
+            text += f"\n# the nodes [{spec.command}] starts:\n" + "".join(f"# {line}\n" if line else "#\n"
+                                                                           for line in inner.splitlines())
+    return text
 
 
-def _kill_pid(pid: int, start: str, grace_s: float) -> None:
-    """SIGTERM, then SIGKILL after grace_s, a process named by (pid, start time) that is not our child."""
-    for sig in (signal.SIGTERM, signal.SIGCONT):  # a stopped process handles SIGTERM only once continued
-        try:
-            os.kill(pid, sig)
-        except ProcessLookupError:
-            return
-    deadline = time.monotonic() + grace_s
-    while _proc_start_time(pid) == start and time.monotonic() < deadline:
-        time.sleep(0.02)  # not our child: no pidfd wait for a zombie we cannot reap; a short poll
-    if _proc_start_time(pid) == start:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+def _nodes_of(spec: NodeSpec) -> list[NodeSpec]:
+    if spec.command == "replay":
+        from edgeinfer.sim.replay import replay_nodes
 
+        return replay_nodes(spec.configs[0], transport.Endpoints.free_loopback())
+    from edgeinfer.sim.hil import hil_endpoints, hil_nodes
 
-def _tail(path: Path | None, n: int = 20) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-n:])
-    except (OSError, AttributeError):
-        return "(no log)"
+    return hil_nodes(spec.configs[0], hil_endpoints(spec.configs[0])[0])
 
 
 def _raise_interrupt(signum, frame):
@@ -339,6 +200,9 @@ def launch(path: Path, cfg: LaunchConfig | None = None, console: Console | None 
     console = console or Console()
     path = Path(path)
     nodes = load_nodes(path)
+    if cfg.dry_run:
+        print(graph(nodes), end="")
+        return 0
     log_dir = cfg.log_dir or Path("out") / "launch" / path.stem
     previous = {s: signal.signal(s, _raise_interrupt) for s in (signal.SIGINT, signal.SIGTERM)}
     code = 0
@@ -360,6 +224,6 @@ def launch(path: Path, cfg: LaunchConfig | None = None, console: Console | None 
         for s, handler in previous.items():
             signal.signal(s, handler)
     console.print(run.table())
-    if code == 0 and any(n.state == "failed" for n in nodes):
+    if code == 0 and any(n.state == "failed" for n in run.group.nodes):
         code = 1
     return code

@@ -34,21 +34,21 @@ def load_engine(policy: Policy, backend: str = "torch", precision: str = "fp32",
 
 @dataclass
 class BuildConfig:
-    """policy: manifest JSON. data_dir: real recordings whose held-out runs the quality gate decodes.
-    n_obs: held-out observations decoded. The gate fails the build when token agreement with the fp32
-    target falls below min_token_agreement, or the action RMSE exceeds the fp32 target's by more than
-    max_rmse_increase (relative: 0.1 = 10 %). json: also write the summary there."""
+    """An engine build, gated on held-out quality: the build fails when token agreement with the fp32 target
+    falls below min_token_agreement, or the action RMSE exceeds the fp32 target's by more than max_rmse_increase."""
 
-    policy: Path = DEFAULT_POLICY
-    backend: Literal["torch", "onnxruntime", "tensorrt"] = "onnxruntime"
-    precision: Literal["fp32", "bf16", "fp8"] = "fp32"
-    device: str = "cpu"
-    data_dir: Path | None = None  # None: $EDGEINFER_DATA_DIR, else ../shared/data/schunk_lwa4p
-    n_obs: int = 256
-    min_token_agreement: float = 0.80
-    max_rmse_increase: float = 0.10
-    seed: int = 0
-    json: Path | None = None
+    policy: Path = DEFAULT_POLICY  # the policy's manifest JSON
+    backend: Literal["torch", "onnxruntime", "tensorrt"] = "onnxruntime"  # the engine built
+    precision: Literal["fp32", "bf16", "fp8"] = "fp32"  # the engine's precision
+    device: str = "cpu"  # the engine's device (cpu, cuda, cuda:1, ...)
+    # Real recordings whose held-out runs the quality gate decodes (None: $EDGEINFER_DATA_DIR, else
+    # ../shared/data/schunk_lwa4p).
+    data_dir: Path | None = None
+    n_obs: int = 256  # held-out observations the gate decodes
+    min_token_agreement: float = 0.80  # the gate's floor on token agreement with the fp32 target (0..1)
+    max_rmse_increase: float = 0.10  # the gate's ceiling on the action RMSE's increase over fp32 (0.1 = 10 %)
+    seed: int = 0  # seed of the held-out observation sample
+    json: Path | None = None  # also write the summary there
 
     def __post_init__(self):
         self.policy = Path(self.policy)

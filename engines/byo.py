@@ -12,18 +12,20 @@ restores every buffer to its value at load time. Example: launch/ur10_reach_poli
 """
 from __future__ import annotations
 
-import tomllib
+import typing
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Literal, Protocol
 
 import numpy as np
 import torch
 
 from edgeinfer.core.clock import now_ns
+from edgeinfer.core.config import load, read_toml
 from edgeinfer.core.wire import ActionChunk, Observation
 
-SOURCES = ("q", "qd", "constant", "last_action")
+Source = Literal["q", "qd", "constant", "last_action"]  # where an observation field's x comes from
+SOURCES = typing.get_args(Source)
 _SOURCE_UNITS = {"q": "rad", "qd": "rad/s"}  # what the runtime hands in; constant/last_action units are free text
 _FORMAT_OF_SUFFIX = {".onnx": "onnx", ".pt": "torchscript", ".ts": "torchscript"}
 _MAX_JOINTS = 32  # the wire's bound on D
@@ -129,6 +131,43 @@ class ActionMap:
 
 
 @dataclass
+class ObservationTable:
+    """One [[observation]] table of a spec file, as written (ObsField is the checked form)."""
+
+    name: str  # the field's name, for errors and reports
+    source: Source  # where x comes from: q (rad), qd (rad/s), a constant, or the last action
+    units: str  # x's units: "rad" for q, "rad/s" for qd, free text for constant and last_action
+    offset: float | list[float] = 0.0  # subtracted from x: one number for every entry, or one per entry
+    scale: float | list[float] = 1.0  # multiplies x - offset: one number for every entry, or one per entry
+    value: list[float] | None = None  # x for source "constant" (its length is the field's width)
+
+
+@dataclass
+class ActionTable:
+    """The [action] table of a spec file, as written (ActionMap is the checked form)."""
+
+    name: str  # the action's name, for errors and reports
+    units: str  # the joint targets' units: must be "rad"
+    offset: float | list[float] = 0.0  # target = offset + scale * raw, rad: one number or one per joint
+    scale: float | list[float] = 1.0  # target = offset + scale * raw: one number or one per joint
+
+
+@dataclass
+class SpecFile:
+    """A spec file as written (see the module docstring); ByoSpec.load checks it and builds the ByoSpec."""
+
+    model: str  # the ONNX or TorchScript file, relative to the spec's folder
+    rate_hz: float  # the policy's rate, Hz (one action per step)
+    n_joints: int  # joints the policy commands (the model's output width)
+    observation: list[ObservationTable]  # the observation vector's fields, in order
+    action: ActionTable  # how the raw action becomes joint targets
+    format: Literal["onnx", "torchscript"] | None = None  # the model's format (None: from its suffix)
+    input_name: str | None = None  # the model's input (None: its only one)
+    output_name: str | None = None  # the model's output (None: its only one)
+    stateful: bool = False  # the model keeps state between calls (a recurrent policy); reset() restores it
+
+
+@dataclass
 class ByoSpec:
     """A policy spec (see the module docstring); build it with `ByoSpec.load`. path: the spec file."""
 
@@ -159,38 +198,31 @@ class ByoSpec:
         FileNotFoundError: no spec file.
         """
         path = Path(path)
-        with open(path, "rb") as fh:
-            try:
-                doc = tomllib.load(fh)
-            except tomllib.TOMLDecodeError as e:
-                raise ValueError(f"{path.name}: {e}") from None
-        top = _Table(path.name, "", doc, required=("model", "rate_hz", "n_joints", "observation", "action"),
-                     optional=("format", "input_name", "output_name", "stateful"))
-        model_path = path.parent / top.text("model")
-        fmt = top.text("format", _FORMAT_OF_SUFFIX.get(model_path.suffix), choices=tuple(RUNNERS))
+        raw = load(SpecFile, read_toml(path), file=path.name)
+        err = _Errors(path.name)
+        model_path = path.parent / raw.model
+        fmt = raw.format or _FORMAT_OF_SUFFIX.get(model_path.suffix)
         if model is not None:
             model_path = Path(model)
             fmt = _FORMAT_OF_SUFFIX.get(model_path.suffix)
         if fmt is None:
-            raise top.error("format", f"cannot infer from the suffix of {model_path.name}; set onnx or torchscript")
+            raise err("format", f"cannot infer from the suffix of {model_path.name}; set onnx or torchscript")
         if not model_path.is_file():
-            raise top.error("model", f"no such file {model_path}")
-        n_joints = top.integer("n_joints", 1, _MAX_JOINTS)
-        fields_doc = doc["observation"]
-        if not isinstance(fields_doc, list) or not fields_doc:
-            raise top.error("observation", "expected one or more [[observation]] tables")
-        spec = cls(path=path, model=model_path, format=fmt, rate_hz=top.number("rate_hz", positive=True),
-                   n_joints=n_joints,
-                   observation=[_obs_field(_Table(path.name, f"observation[{i}]", d, ("name", "source", "units"),
-                                                  ("offset", "scale", "value")), n_joints)
-                                for i, d in enumerate(fields_doc)],
-                   action=_action(_Table(path.name, "action", doc["action"], ("name", "units"), ("offset", "scale")),
-                                  n_joints),
-                   input_name=top.text("input_name", None), output_name=top.text("output_name", None),
-                   stateful=top.flag("stateful", False))
+            raise err("model", f"no such file {model_path}")
+        if not 1 <= raw.n_joints <= _MAX_JOINTS:
+            raise err("n_joints", f"expected 1..{_MAX_JOINTS}, got {raw.n_joints}")
+        if not (np.isfinite(raw.rate_hz) and raw.rate_hz > 0):
+            raise err("rate_hz", f"expected a finite positive number, got {raw.rate_hz}")
+        if not raw.observation:
+            raise err("observation", "expected one or more [[observation]] tables")
+        spec = cls(path=path, model=model_path, format=fmt, rate_hz=raw.rate_hz, n_joints=raw.n_joints,
+                   observation=[_obs_field(t, raw.n_joints, err, f"observation[{i}]")
+                                for i, t in enumerate(raw.observation)],
+                   action=_action(raw.action, raw.n_joints, err),
+                   input_name=raw.input_name, output_name=raw.output_name, stateful=raw.stateful)
         if spec.stateful and fmt == "onnx":
-            raise top.error("stateful", "the ONNX runner is stateless; export a recurrent policy to TorchScript")
-        _check_model(spec, top)
+            raise err("stateful", "the ONNX runner is stateless; export a recurrent policy to TorchScript")
+        _check_model(spec, err)
         return spec
 
 
@@ -279,117 +311,74 @@ class ByoRuntime:
             rung="full", tokens=0, target_passes=1, drafted=0, accepted=0)
 
 
-def _obs_field(t: _Table, n_joints: int) -> ObsField:
-    source = t.text("source", choices=SOURCES)
-    units = t.text("units")
-    if source in _SOURCE_UNITS and units != _SOURCE_UNITS[source]:
-        raise t.error("units", f"source {source!r} is in {_SOURCE_UNITS[source]!r}, got {units!r}")
+def _obs_field(t: ObservationTable, n_joints: int, err: _Errors, at: str) -> ObsField:
+    if t.source in _SOURCE_UNITS and t.units != _SOURCE_UNITS[t.source]:
+        raise err(f"{at}.units", f"source {t.source!r} is in {_SOURCE_UNITS[t.source]!r}, got {t.units!r}")
     value = None
-    if source == "constant":
-        value = t.numbers("value", None)
-    elif "value" in t.doc:
-        raise t.error("value", f"only for source 'constant', not {source!r}")
+    if t.source == "constant":
+        if t.value is None:
+            raise err(f"{at}.value", "missing")
+        value = _numbers(t.value, None, err, f"{at}.value")
+    elif t.value is not None:
+        raise err(f"{at}.value", f"only for source 'constant', not {t.source!r}")
     width = n_joints if value is None else len(value)
-    return ObsField(name=t.text("name"), source=source, units=units, width=width,
-                    offset=t.numbers("offset", width, 0.0), scale=t.numbers("scale", width, 1.0), value=value)
+    return ObsField(name=t.name, source=t.source, units=t.units, width=width,
+                    offset=_numbers(t.offset, width, err, f"{at}.offset"),
+                    scale=_numbers(t.scale, width, err, f"{at}.scale"), value=value)
 
 
-def _action(t: _Table, n_joints: int) -> ActionMap:
-    units = t.text("units")
-    if units != "rad":
-        raise t.error("units", f"joint position targets are in 'rad', got {units!r}")
-    return ActionMap(name=t.text("name"), units=units, offset=t.numbers("offset", n_joints, 0.0),
-                     scale=t.numbers("scale", n_joints, 1.0))
+def _action(t: ActionTable, n_joints: int, err: _Errors) -> ActionMap:
+    if t.units != "rad":
+        raise err("action.units", f"joint position targets are in 'rad', got {t.units!r}")
+    return ActionMap(name=t.name, units=t.units, offset=_numbers(t.offset, n_joints, err, "action.offset"),
+                     scale=_numbers(t.scale, n_joints, err, "action.scale"))
 
 
-def _check_model(spec: ByoSpec, top: _Table) -> None:
+def _numbers(value: float | list[float], n: int | None, err: _Errors, at: str) -> np.ndarray:
+    """(n,) float64 from a list of n numbers or one number (broadcast); n None: a list of any length >= 1."""
+    items = value if isinstance(value, list) else ([value] * n if n is not None else [])
+    if not items:
+        raise err(at, f"expected {'a number or ' if n else ''}a list of numbers, got {value!r}")
+    if n is not None and len(items) != n:
+        raise err(at, f"expected {n} numbers, got {len(items)}")
+    arr = np.array(items, np.float64)
+    if not np.all(np.isfinite(arr)):
+        raise err(at, f"expected finite numbers, got {value!r}")
+    return arr
+
+
+def _check_model(spec: ByoSpec, err: _Errors) -> None:
     """Load the model once and check that it fits the spec (see ByoSpec.load). Raises ValueError."""
     try:
         runner: PolicyRunner = RUNNERS[spec.format](spec.model, spec.input_name, spec.output_name)
     except ValueError as e:
-        raise ValueError(f"{top.file}: {e}") from None
+        raise ValueError(f"{err.file}: {e}") from None
     except Exception as e:  # onnxruntime and torch raise their own types for a file they cannot read
-        raise top.error("model", f"cannot load {spec.model} as {spec.format}: {e}") from e
+        raise err("model", f"cannot load {spec.model} as {spec.format}: {e}") from e
     widths = " + ".join(f"{f.name} {f.width}" for f in spec.observation)
     if runner.input_width is not None and runner.input_width != spec.n_obs:
-        raise top.error("observation", f"fields give {spec.n_obs} values ({widths}), the model takes "
-                                       f"{runner.input_width}")
+        raise err("observation", f"fields give {spec.n_obs} values ({widths}), the model takes "
+                                 f"{runner.input_width}")
     probe = np.zeros((1, spec.n_obs), np.float32)
     try:
         out = runner(probe)
     except RuntimeError as e:  # TorchScript: a shape mismatch surfaces here, its cause on the last line
-        raise top.error("observation", f"fields give {spec.n_obs} values ({widths}), which the model rejects: "
-                                       f"{str(e).strip().splitlines()[-1]}") from None
+        raise err("observation", f"fields give {spec.n_obs} values ({widths}), which the model rejects: "
+                                 f"{str(e).strip().splitlines()[-1]}") from None
     except ValueError as e:
-        raise ValueError(f"{top.file}: {e}") from None
+        raise ValueError(f"{err.file}: {e}") from None
     if out.shape != (1, spec.n_joints) or out.dtype != np.float32:
-        raise top.error("n_joints", f"the model returns {out.dtype}{out.shape}, expected float32 "
-                                    f"(1, {spec.n_joints})")
+        raise err("n_joints", f"the model returns {out.dtype}{out.shape}, expected float32 "
+                              f"(1, {spec.n_joints})")
     if not spec.stateful and not np.array_equal(runner(probe), out):
-        raise top.error("stateful", "false, but two identical calls gave different actions (set stateful = true)")
+        raise err("stateful", "false, but two identical calls gave different actions (set stateful = true)")
 
 
-class _Table:
-    """Typed reads from one TOML table; every error names the spec file and the field (`observation[2].value`)."""
+class _Errors:
+    """Errors that name the spec file and the field (`recurrent.toml: observation[2].value: ...`)."""
 
-    def __init__(self, file: str, at: str, doc: Any, required: tuple[str, ...], optional: tuple[str, ...]):
-        self.file, self.at, self.doc = file, at, doc
-        if not isinstance(doc, dict):
-            raise ValueError(f"{file}: {at}: expected a table, got {type(doc).__name__}")
-        for key in doc:
-            if key not in required + optional:
-                raise self.error(key, f"unknown key; expected one of {list(required + optional)}")
-        for key in required:
-            if key not in doc:
-                raise self.error(key, "missing")
+    def __init__(self, file: str):
+        self.file = file
 
-    def error(self, key: str, msg: str) -> ValueError:
-        return ValueError(f"{self.file}: {self.at + '.' if self.at else ''}{key}: {msg}")
-
-    def _get(self, key: str, default: Any, types: tuple[type, ...], what: str) -> Any:
-        value = self.doc.get(key, default)
-        if key in self.doc and type(value) not in types:  # `type() in`, not isinstance: bool is an int subclass
-            raise self.error(key, f"expected {what}, got {type(value).__name__} {value!r}")
-        return value
-
-    def text(self, key: str, default: str | None = None, choices: tuple[str, ...] | None = None) -> Any:
-        value = self._get(key, default, (str,), "a string")
-        if choices is not None and key in self.doc and value not in choices:
-            raise self.error(key, f"expected one of {list(choices)}, got {value!r}")
-        return value
-
-    def flag(self, key: str, default: bool) -> bool:
-        return self._get(key, default, (bool,), "true or false")
-
-    def integer(self, key: str, lo: int, hi: int) -> int:
-        value = self._get(key, None, (int,), "an integer")
-        if not lo <= value <= hi:
-            raise self.error(key, f"expected {lo}..{hi}, got {value}")
-        return value
-
-    def number(self, key: str, positive: bool = False) -> float:
-        value = float(self._get(key, None, (int, float), "a number"))
-        if not np.isfinite(value) or (positive and value <= 0):
-            raise self.error(key, f"expected a finite{' positive' if positive else ''} number, got {value}")
-        return value
-
-    def numbers(self, key: str, n: int | None, default: float | None = None) -> np.ndarray:
-        """(n,) float64 from a list of n numbers or one number (broadcast); n None: a list of any length >= 1.
-        A missing key gives `default` broadcast, or an error when default is None."""
-        if key not in self.doc:
-            if default is None:
-                raise self.error(key, "missing")
-            return np.full(n, default)
-        value = self.doc[key]
-        if isinstance(value, list):
-            items = value
-        else:
-            items = [value] * n if n is not None else []  # a number stands for the whole field
-        if not items or any(type(v) not in (int, float) for v in items):
-            raise self.error(key, f"expected {'a number or ' if n else ''}a list of numbers, got {value!r}")
-        if n is not None and len(items) != n:
-            raise self.error(key, f"expected {n} numbers, got {len(items)}")
-        arr = np.array(items, np.float64)
-        if not np.all(np.isfinite(arr)):
-            raise self.error(key, f"expected finite numbers, got {value!r}")
-        return arr
+    def __call__(self, key: str, msg: str) -> ValueError:
+        return ValueError(f"{self.file}: {key}: {msg}")

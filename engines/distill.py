@@ -34,21 +34,19 @@ from edgeinfer.engines.train import load_split
 
 @dataclass
 class DistillConfig:
-    """data_dir: the Schunk recordings (training runs distil, held-out runs measure). out: manifest JSON of
-    the draft (weights next to it, `.pt`). d_model/n_layers/n_heads: the student's shape. eval_k: drafts per
-    target pass of the acceptance metric."""
+    """Distillation of the learned drafter from the target (training runs distil, held-out runs measure)."""
 
-    data_dir: Path = Path("../shared/data/schunk_lwa4p")
-    out: Path = DEFAULT_DRAFT
-    seed: int = 0
-    steps: int = 3000
-    batch_size: int = 256
-    lr: float = 6e-3
-    d_model: int = 64
-    n_layers: int = 1
-    n_heads: int = 4
+    data_dir: Path = Path("../shared/data/schunk_lwa4p")  # the Schunk recordings
+    out: Path = DEFAULT_DRAFT  # manifest JSON of the draft (weights next to it, `.pt`)
+    seed: int = 0  # seed of the initial weights and the batch order
+    steps: int = 3000  # optimizer steps
+    batch_size: int = 256  # windows per step
+    lr: float = 6e-3  # peak learning rate (AdamW)
+    d_model: int = 64  # the student's width
+    n_layers: int = 1  # the student's transformer blocks
+    n_heads: int = 4  # the student's attention heads
     init_from_target: bool = True  # start from the target's first n_layers blocks, embeddings, ln_f and head
-    eval_k: int = 4
+    eval_k: int = 4  # drafts per target pass of the held-out acceptance metric
 
     def __post_init__(self):
         self.data_dir, self.out = Path(self.data_dir), Path(self.out)

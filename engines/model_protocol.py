@@ -35,7 +35,7 @@ A module may declare `prefix_kind` and `cache_kind` class attributes; TorchModul
 """
 from __future__ import annotations
 
-from typing import Any, Protocol, Sequence
+from typing import Sequence
 
 import numpy as np
 import torch
@@ -43,12 +43,6 @@ import torch
 PREFIX_KINDS = ("obs", "tokens")
 CACHE_KINDS = ("static", "functional", "append")
 _PRECISION = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
-
-
-class CachedDecoder(Protocol):
-    def empty_cache(self, batch: int, dtype: torch.dtype, device: Any) -> tuple: ...
-
-    def step(self, prefix: torch.Tensor | None, tokens: torch.Tensor, input_pos: torch.Tensor, *cache: Any) -> Any: ...
 
 
 class TorchModuleEngine:

@@ -76,13 +76,9 @@ else
     if imports_here; then
         echo "editable install OK"
     else
-        # pyproject maps engines/ -> edgeinfer.engines (and sim/, control/), so PYTHONPATH=. alone cannot work
-        TREE=$(mktemp -d)/site
-        mkdir -p "$TREE/edgeinfer"
-        for f in "$REPO"/edgeinfer/*; do ln -s "$f" "$TREE/edgeinfer/"; done
-        for sub in engines sim control; do ln -s "$REPO/$sub" "$TREE/edgeinfer/$sub"; done
-        export PYTHONPATH="$TREE${PYTHONPATH:+:$PYTHONPATH}"
-        if imports_here; then echo "editable install failed; using a symlink tree: PYTHONPATH=$PYTHONPATH"
+        # engines/, sim/ and control/ are linked into edgeinfer/, so the checkout itself is importable
+        export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}"
+        if imports_here; then echo "editable install failed; using the checkout: PYTHONPATH=$PYTHONPATH"
         else echo "ERROR: edgeinfer cannot be imported; the steps below will fail"; "$PY" -c "import edgeinfer.bench.engines"; fi
     fi
 fi

@@ -14,7 +14,8 @@ import json
 import zmq
 
 from edgeinfer.core import clock, transport
-from edgeinfer.sim.replay import ReplayConfig, _stream, load_log
+from edgeinfer.sim.config import ReplayConfig
+from edgeinfer.sim.replay import _stream, load_log
 from edgeinfer.sim.schedule import tick_grid
 
 

@@ -42,28 +42,22 @@ def parse_delay(spec: str) -> tuple[str, tuple[float, ...]]:
 
 @dataclass
 class NetworkFaultConfig:
-    """Faults applied to the observations the replayer publishes (all off by default).
+    """Faults applied to the observations the replayer publishes (all off by default). Raises ValueError for a
+    rate outside [0, 1], burst_len < 1 or a malformed delay spec."""
 
-    drop_rate: P(an observation is lost), independently per observation.
-    burst_rate: P(a loss burst starts at an observation); burst_len: observations lost per burst (>= 1).
-    delay_ms: delay distribution of a delayed observation, e.g. "exp:2" (exponential, mean 2 ms), "fixed:1.5",
-        "uniform:1:3", "normal:2:0.5"; None = no delays. delay_rate: P(an observation is delayed) when set.
-    duplicate_rate: P(an observation is sent twice). reorder_rate: P(an observation is held back and sent
-        right after the next one). malformed_rate: P(an observation is replaced by a garbage multipart
-        message: random bytes, a truncated header, or a header without its array frames).
-    fault_seed: seed of the injector's numpy Generator.
-    Raises ValueError for a rate outside [0, 1], burst_len < 1 or a malformed delay spec.
-    """
-
-    drop_rate: float = 0.0
-    burst_rate: float = 0.0
-    burst_len: int = 5
+    drop_rate: float = 0.0  # P(an observation is lost), independently per observation
+    burst_rate: float = 0.0  # P(a loss burst starts at an observation)
+    burst_len: int = 5  # observations lost per burst (>= 1)
+    # Delay distribution of a delayed observation, ms: "exp:2" (exponential, mean 2 ms), "fixed:1.5",
+    # "uniform:1:3", "normal:2:0.5" (None: no delays).
     delay_ms: str | None = None
-    delay_rate: float = 1.0
-    duplicate_rate: float = 0.0
-    reorder_rate: float = 0.0
+    delay_rate: float = 1.0  # P(an observation is delayed), when delay_ms is set
+    duplicate_rate: float = 0.0  # P(an observation is sent twice)
+    reorder_rate: float = 0.0  # P(an observation is held back and sent right after the next one)
+    # P(an observation is replaced by a garbage multipart message: random bytes, a truncated header, or a header
+    # without its array frames).
     malformed_rate: float = 0.0
-    fault_seed: int = 0
+    fault_seed: int = 0  # seed of the injector's numpy Generator
 
     def __post_init__(self):
         for name in ("drop_rate", "burst_rate", "delay_rate", "duplicate_rate", "reorder_rate", "malformed_rate"):

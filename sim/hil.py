@@ -6,7 +6,7 @@ runtime node on another machine, and separate the network from the inference.
     replayer <-- ready      PULL bind ROBOT:PORT+3  <-------  PUSH
     control  --Heartbeat... PUB  bind ROBOT:PORT+4  ------->  SUB
     control, replayer <-- ActionChunk  SUB  ------- HOST:PORT    PUB bind
-    prober   <-> echo     DEALER  ----------------- HOST:PORT+1  ROUTER bind (runtime.start_echo)
+    prober   <-> echo     DEALER  ----------------- HOST:PORT+1  ROUTER bind (node/echo.py)
     control  --JointCommand PUSH -> replayer PULL on 127.0.0.1:PORT+5 (never leaves this host)
 
 `--endpoint tcp://HOST:PORT` names the runtime's chunk publisher; the run uses the block PORT..PORT+5 (PORT_MAP).
@@ -29,7 +29,7 @@ import socket
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
@@ -37,23 +37,23 @@ import numpy as np
 import zmq
 from rich.console import Console
 
-from edgeinfer.control.loop import ControlConfig
 from edgeinfer.core import clock, transport
 from edgeinfer.core.telemetry import stats_summary
-from edgeinfer.core.wire import Stats, Stop
+from edgeinfer.core.wire import Stop
 from edgeinfer.engines.paths import DEFAULT_POLICY
 from edgeinfer.node.runtime import RuntimeConfig
+from edgeinfer.procs.nodes import NodeGroup
+from edgeinfer.procs.spec import NodeSpec
 from edgeinfer.sim import roundtrip
-from edgeinfer.sim.faults import NetworkFaultConfig
+from edgeinfer.sim.config import SessionConfig
 from edgeinfer.sim.metrics import CONFIDENCE, summarize, write_ticks
 from edgeinfer.sim.pacing import scaled_period_ns
 from edgeinfer.sim.plots import PLOT_FILES, plot_histogram, plot_stages, plot_timeline
 from edgeinfer.sim.preflight import check_run_fits, policy_shape
 from edgeinfer.sim.replay import (
     ReplayConfig,
-    _collect,
+    _drain,
     _raise_interrupt,
-    _spawn,
     _stream,
     first_seconds,
     load_log,
@@ -76,47 +76,29 @@ HIL_STAGES = {
 BEFORE_GAP_MS = 2.0  # spacing of the probes before the replay
 
 
-@dataclass
-class HilConfig:
-    """endpoint: tcp://HOST:PORT of the remote runtime's chunk publisher (port block: PORT_MAP).
-    log ... slo: as ReplayConfig (the fields of the same name are passed on to it).
-    policy: manifest of the policy the remote runtime serves (joint count and chunk step; not loaded here).
-    bind_host: address of this host the robot-side sockets bind and the runtime connects to (None: the one
-    that routes to HOST). curve/curve_dir: CURVE as transport.Endpoints (keys from `edgeinfer keys DIR`, the same
-    DIR on both hosts). rtt_before: round trips timed before the replay; rtt_period_ms: one round trip every
-    this long during it; rtt_timeout_ms: a probe unanswered this long is lost."""
+@dataclass(kw_only=True)
+class HilConfig(SessionConfig):
+    """Hardware in the loop: the robot side's settings (SessionConfig, passed on to a ReplayConfig), the remote
+    runtime's endpoint, and the round-trip probes that separate the network from the inference."""
 
-    endpoint: str
-    log: Path | None = None
-    log_format: Literal["schunk", "csv", "mcap", "rosbag2", "rosbag1", "lerobot"] | None = None
-    topic: str | None = None
-    q_field: str | None = None
-    qd_field: str | None = None
-    time_source: Literal["header", "log"] | None = None
-    episode: int | None = None
-    columns: str | None = None
-    duration_s: float | None = None
-    time_scale: float = 1.0
-    as_fast_as_possible: bool = False
-    catch_up: bool = False
-    out: Path = Path("out/hil")
-    deadline_ms: float | None = None
-    settle_ms: float = 200.0
-    handshake_timeout_s: float = 300.0
-    replayer_priority: int = 70
-    slo: str | None = None
+    # tcp://HOST:PORT of the remote runtime's chunk publisher (the run uses the port block PORT_MAP).
+    endpoint: str = dataclasses.field(kw_only=False)
+    out: Path = Path("out/hil")  # output folder: report.json, ticks.csv, plots, control.log
+    # Manifest of the policy the remote runtime serves (its joint count and chunk step; not loaded here).
     policy: Path = DEFAULT_POLICY
+    # Address of this host the robot-side sockets bind and the runtime connects to (None: the one that routes
+    # to HOST).
     bind_host: str | None = None
-    curve: Literal["auto", "on", "off"] = "auto"
+    curve: Literal["auto", "on", "off"] = "auto"  # CURVE encryption, as transport.Endpoints
+    # Folder of the CURVE keys (from `edgeinfer keys DIR`, the same DIR on both hosts).
     curve_dir: Path | None = None
-    rtt_before: int = 200
-    rtt_period_ms: float = 20.0
-    rtt_timeout_ms: float = 1000.0
-    control: ControlConfig = field(default_factory=ControlConfig)
-    faults: NetworkFaultConfig = field(default_factory=NetworkFaultConfig)
+    rtt_before: int = 200  # round trips timed before the replay
+    rtt_period_ms: float = 20.0  # one round trip every this long during the replay, ms
+    rtt_timeout_ms: float = 1000.0  # a probe unanswered this long is lost, ms
 
     def __post_init__(self):
-        self.out, self.policy = Path(self.out), Path(self.policy)
+        super().__post_init__()
+        self.policy = Path(self.policy)
         self.curve_dir = Path(self.curve_dir) if self.curve_dir is not None else None
         parse_endpoint(self.endpoint)
         if not 10 <= self.rtt_before <= 100_000:
@@ -125,13 +107,11 @@ class HilConfig:
             raise ValueError(f"HilConfig.rtt_period_ms must be in [1, 10000], got {self.rtt_period_ms}")
         if not 0 < self.rtt_timeout_ms <= 60_000:
             raise ValueError(f"HilConfig.rtt_timeout_ms must be in (0, 60000], got {self.rtt_timeout_ms}")
-        self.replay_config()  # the shared fields checked by ReplayConfig itself
 
     def replay_config(self) -> ReplayConfig:
         """The ReplayConfig of the fields the two share (reader, pacing, deadline, SLO, control, faults); the
         runtime section names only the policy; no fault drill on the remote process, no CPU pinning."""
-        shared = {f.name for f in dataclasses.fields(ReplayConfig)} & {f.name for f in dataclasses.fields(self)}
-        values = {k: getattr(self, k) for k in shared}
+        values = {f.name: getattr(self, f.name) for f in dataclasses.fields(SessionConfig)}
         return ReplayConfig(**values, runtime=RuntimeConfig(policy=self.policy), pin_cpus=False)
 
 
@@ -206,7 +186,8 @@ def hil(cfg: HilConfig, console: Console | None = None) -> dict:
                   f"hil: waiting up to {cfg.handshake_timeout_s:g} s for it (--handshake-timeout-s)")
     timeout_ns = int(cfg.rtt_timeout_ms * 1e6)
     previous = {s: signal.signal(s, _raise_interrupt) for s in (signal.SIGINT, signal.SIGTERM)}
-    control = _spawn("control", cfg.control, ep, cfg.out / "control.log")
+    group = NodeGroup(grace_s=5.0)
+    control = group.start(hil_nodes(cfg, ep)[0])
     prober = _start_prober(echo, cfg, cfg.out / "rtt_during.npy")
     rt_warning = clock.enter_realtime(cfg.control.control_cpus, cfg.replayer_priority)
     ctx = zmq.Context()
@@ -224,7 +205,7 @@ def hil(cfg: HilConfig, console: Console | None = None) -> dict:
         status_rx = transport.Receiver(transport.sub(ctx, ep.status, hwm=10_000, curve=keys))
         with console.status(f"waiting for the runtime at {cfg.endpoint} and the local control loop"):
             transport.wait_until_subscribed(obs_pub, "replayer", ready_rx, {"runtime", "control"},
-                                            cfg.handshake_timeout_s, check=lambda: _check_control(control, cfg.out))
+                                            cfg.handshake_timeout_s, check=lambda: group.check_started([control]))
             transport.wait_for_hello([chunk_rx], cfg.handshake_timeout_s)
         with console.status(f"timing {cfg.rtt_before} network round trips to {echo}"):
             probe = roundtrip.connect(ctx, echo, keys)
@@ -242,14 +223,15 @@ def hil(cfg: HilConfig, console: Console | None = None) -> dict:
             signal.signal(s, signal.SIG_IGN)
         stopped = transport.send(obs_pub, Stop("interrupted" if rec.interrupted else "end of log"))
         during = _stop_prober(prober, cfg.out / "rtt_during.npy", cfg.rtt_timeout_ms / 1000)
-        exit_code = _finish_control(control, cmd_rx, chunk_rx, status_rx, rec)
+        exit_code = group.finish([control])["control"]
+        _drain(cmd_rx, chunk_rx, rec, status_rx, limit=10_000)
     finally:
         if obs_pub is not None and not stopped:  # a failed start: the remote runtime need not wait for its timeout
             transport.send(obs_pub, Stop("hil failed on the robot side"))
             time.sleep(0.1)  # LINGER 0: give the Stop a moment to leave before the context goes
-        for p in (control, prober):
-            if p.poll() is None:
-                p.kill()
+        group.close()
+        if prober.poll() is None:
+            prober.kill()
         if auth is not None:
             auth.stop()
         ctx.destroy(linger=0)
@@ -281,10 +263,9 @@ def hil(cfg: HilConfig, console: Console | None = None) -> dict:
     return report
 
 
-def _check_control(proc: subprocess.Popen, out: Path) -> None:
-    if proc.poll() is not None:
-        tail = (out / "control.log").read_text()[-2000:]
-        raise RuntimeError(f"control process exited with code {proc.returncode} during start-up:\n{tail}")
+def hil_nodes(cfg: HilConfig, ep: transport.Endpoints) -> list[NodeSpec]:
+    """The nodes a hil run starts here: the control loop (the runtime runs on its own host: hil_serve_command)."""
+    return [NodeSpec("control", (cfg.control, ep), "control", cfg.out / "control.log")]
 
 
 def _start_prober(echo: str, cfg: HilConfig, out: Path) -> subprocess.Popen:
@@ -313,20 +294,6 @@ def _stop_prober(prober: subprocess.Popen, out: Path, timeout_s: float) -> np.nd
         prober.kill()
         prober.wait()
     return np.load(out, allow_pickle=False) if out.exists() else np.zeros((0, 2), dtype=np.int64)
-
-
-def _finish_control(control, cmd_rx, chunk_rx, status_rx, rec) -> int:
-    """Wait for the control loop to exit after Stop (terminate a straggler); collect what is still queued."""
-    try:
-        control.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        control.terminate()
-        control.wait(timeout=5)
-    _collect(cmd_rx, chunk_rx, rec)
-    for msg in status_rx.drain(limit=10_000):
-        if isinstance(msg, Stats):
-            rec.node_stats[msg.sender] = msg
-    return control.returncode
 
 
 def _summary(rtt_ns: np.ndarray) -> dict:

@@ -3,13 +3,10 @@ runtime will serve can run on the log, and that the run's settings can work on i
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING
 
 from edgeinfer.logs.arm_log import ArmLog, LogError
-
-if TYPE_CHECKING:  # the replay module imports this one
-    from edgeinfer.node.runtime import RuntimeConfig
-    from edgeinfer.sim.replay import ReplayConfig
+from edgeinfer.node.runtime import RuntimeConfig
+from edgeinfer.sim.config import ReplayConfig
 
 
 def policy_shape(runtime: RuntimeConfig, log: ArmLog) -> dict:

@@ -17,28 +17,24 @@ import gc
 import os
 import select
 import signal
-import subprocess
-import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Literal
 
 import numpy as np
 import zmq
 from rich.console import Console
 
-from edgeinfer.control.loop import ControlConfig
 from edgeinfer.core import clock, transport
 from edgeinfer.core.clock import now_ns
-from edgeinfer.core.config import to_argv
-from edgeinfer.core.lifecycle import PARENT_PID_ENV
 from edgeinfer.core.telemetry import stats_summary
 from edgeinfer.core.wire import ActionChunk, JointCommand, Start, Stats, Stop, encode
 from edgeinfer.engines.engine import unavailable_reason
 from edgeinfer.logs import read_log
 from edgeinfer.logs.arm_log import ArmLog, synthetic_log
-from edgeinfer.node.runtime import RuntimeConfig
-from edgeinfer.sim.faults import FaultInjector, NetworkFaultConfig
+from edgeinfer.procs.nodes import NodeGroup
+from edgeinfer.procs.spec import NodeSpec
+from edgeinfer.sim.config import ReplayConfig
+from edgeinfer.sim.faults import FaultInjector
 from edgeinfer.sim.metrics import summarize, write_ticks
 from edgeinfer.sim.pacing import SpinTail, scaled_period_ns, send_timing_report, should_skip
 from edgeinfer.sim.plots import write_plots
@@ -46,94 +42,6 @@ from edgeinfer.sim.preflight import check_run_fits, policy_shape
 from edgeinfer.sim.report import print_table, replay_progress, write_report
 from edgeinfer.sim.schedule import observation, previous_rows, tick_grid
 from edgeinfer.sim.supervisor import Supervisor, gap_report, injected_section, safety_report, stall_report
-
-
-@dataclass
-class ReplayConfig:
-    """log: any log sim.readers reads (Schunk directory, CSV, MCAP, rosbag2/ROS 1 bag, LeRobot dataset); None
-    replays the embedded synthetic log (fresh clones). log_format (None: detected from the path), topic,
-    q_field/qd_field, time_source, episode, columns: reader options (see edgeinfer/logs).
-    deadline_ms: per-tick command deadline; None means one control period of the log (time-scaled).
-    time_scale: replay speed (0.1..20, 2.0 = twice as fast: the control loop runs at the scaled rate too).
-    as_fast_as_possible: publish each observation right after the previous one (no schedule).
-    catch_up: after a stall, send the rows whose time passed in a burst (default: skip them, counted).
-    duration_s: replay only the log's first duration_s seconds (recorded time; None: all of it).
-    stall_runtime_at_tick / stall_runtime_ms: fault injection, SIGSTOP the runtime when this row is sent and
-    SIGCONT it stall_runtime_ms later (sim/supervisor.py); kill_runtime_at_tick likewise counts rows.
-    faults: network faults on the observation stream (sim/faults.py)."""
-
-    log: Path | None = None
-    log_format: Literal["schunk", "csv", "mcap", "rosbag2", "rosbag1", "lerobot"] | None = None
-    topic: str | None = None
-    q_field: str | None = None
-    qd_field: str | None = None
-    time_source: Literal["header", "log"] | None = None
-    episode: int | None = None
-    columns: str | None = None
-    time_scale: float = 1.0
-    as_fast_as_possible: bool = False
-    catch_up: bool = False
-    duration_s: float | None = None
-    out: Path = Path("out")
-    deadline_ms: float | None = None
-    settle_ms: float = 200.0
-    handshake_timeout_s: float = 120.0
-    kill_runtime_at_tick: int | None = None  # fault injection: SIGKILL the runtime when this row is sent
-    restart_runtime_after_ms: float | None = None  # ... and start a new runtime process this long after the kill
-    stall_runtime_at_tick: int | None = None  # fault injection: SIGSTOP the runtime when this row is sent ...
-    stall_runtime_ms: float | None = None  # ... and SIGCONT it this long after (20 ms when only the row is given)
-    garbage_per_row: int = 0  # fault injection: malformed messages (sim/supervisor.GARBAGE_KINDS) after each row
-    # SCHED_FIFO priority of the replayer (best effort; 0 = off). Above the control loop's 60: the replayer stands
-    # in for the sensor hardware, whose timing the system under test must not be able to delay.
-    replayer_priority: int = 70
-    # Pin the replayer and control loop to CPU 0 and the runtime to the others (when there are >= 2 and
-    # the runtime/control CPU options are unset), so real-time wake-ups never preempt a decode.
-    pin_cpus: bool = True
-    # Start the runtime and control nodes as forks of a server that imported edgeinfer once (procs/forkserver.py)
-    # rather than as fresh interpreters: seconds less per replay when one process replays many times (the bench)
-    fork_nodes: bool = False
-    plots: bool = True  # write the plots.PLOT_FILES PNGs (matplotlib: about 2 s per replay on a 2-core CPU)
-    # Service-level objective judged with confidence bounds, e.g. "p99<=5ms,miss<=0.1%" (see sim/slo.py)
-    slo: str | None = None
-    runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
-    control: ControlConfig = field(default_factory=ControlConfig)
-    faults: NetworkFaultConfig = field(default_factory=NetworkFaultConfig)
-
-    def __post_init__(self):
-        if not 0.1 <= self.time_scale <= 20:
-            raise ValueError(f"ReplayConfig.time_scale must be in [0.1, 20], got {self.time_scale}")
-        self.out = Path(self.out)
-        self.log = Path(self.log) if self.log is not None else None
-        if self.deadline_ms is not None and not self.deadline_ms > 0:
-            raise ValueError(f"ReplayConfig.deadline_ms must be > 0, got {self.deadline_ms}")
-        if not 0 < self.settle_ms <= 60_000:
-            raise ValueError(f"ReplayConfig.settle_ms must be in (0, 60000], got {self.settle_ms}")
-        if not self.handshake_timeout_s > 0:
-            raise ValueError(f"ReplayConfig.handshake_timeout_s must be > 0, got {self.handshake_timeout_s}")
-        if self.kill_runtime_at_tick is not None and self.kill_runtime_at_tick < 0:
-            raise ValueError(f"ReplayConfig.kill_runtime_at_tick must be >= 0, got {self.kill_runtime_at_tick}")
-        if self.restart_runtime_after_ms is not None and (self.kill_runtime_at_tick is None
-                                                          or not self.restart_runtime_after_ms >= 0):
-            raise ValueError("ReplayConfig.restart_runtime_after_ms needs kill_runtime_at_tick and must be >= 0, got "
-                             f"{self.restart_runtime_after_ms}")
-        if self.duration_s is not None and not self.duration_s > 0:
-            raise ValueError(f"ReplayConfig.duration_s must be > 0, got {self.duration_s}")
-        if self.stall_runtime_at_tick is not None and self.stall_runtime_at_tick < 0:
-            raise ValueError(f"ReplayConfig.stall_runtime_at_tick must be >= 0, got {self.stall_runtime_at_tick}")
-        if self.stall_runtime_ms is not None and self.stall_runtime_at_tick is None:
-            raise ValueError(f"ReplayConfig.stall_runtime_ms needs stall_runtime_at_tick, got {self.stall_runtime_ms}")
-        if self.stall_runtime_at_tick is not None and self.stall_runtime_ms is None:
-            self.stall_runtime_ms = 20.0
-        if self.stall_runtime_ms is not None and not 0 < self.stall_runtime_ms <= 60_000:
-            raise ValueError(f"ReplayConfig.stall_runtime_ms must be in (0, 60000], got {self.stall_runtime_ms}")
-        if not 0 <= self.garbage_per_row <= 100:
-            raise ValueError(f"ReplayConfig.garbage_per_row must be in 0..100, got {self.garbage_per_row}")
-        if not 0 <= self.replayer_priority <= 99:
-            raise ValueError(f"ReplayConfig.replayer_priority must be in 0..99, got {self.replayer_priority}")
-        if self.slo is not None:
-            from edgeinfer.sim.slo import parse_slo
-
-            parse_slo(self.slo)  # raises SLOError (a ValueError) naming the bad term
 
 
 @dataclass
@@ -204,8 +112,8 @@ def replay(cfg: ReplayConfig, console: Console | None = None) -> dict:
     previous = {s: signal.signal(s, _raise_interrupt) for s in (signal.SIGINT, signal.SIGTERM)}
     # Children first, so that they do not inherit the replayer's real-time priority: the runtime is the
     # system under test and runs as it would on the robot. ZMQ connects retry until the binds below exist.
-    procs = [_spawn("serve", cfg.runtime, ep, cfg.out / "runtime.log", cfg.fork_nodes),
-             _spawn("control", cfg.control, ep, cfg.out / "control.log", cfg.fork_nodes)]
+    group = NodeGroup(grace_s=5.0)
+    procs = [group.start(spec) for spec in replay_nodes(cfg, ep)]  # runtime, control
     # before the context: its I/O thread inherits both
     original_cpus = sorted(os.sched_getaffinity(0))
     rt_warning = clock.enter_realtime(cfg.control.control_cpus, cfg.replayer_priority)
@@ -219,12 +127,11 @@ def replay(cfg: ReplayConfig, console: Console | None = None) -> dict:
         status_rx = transport.Receiver(transport.sub(ctx, ep.status, hwm=10_000))
         with console.status(f"starting runtime ({cfg.runtime.decode}) and control processes"):
             transport.wait_until_subscribed(obs_pub, "replayer", ready_rx, {"runtime", "control"},
-                                            cfg.handshake_timeout_s, check=lambda: _check_alive(procs, cfg.out))
+                                            cfg.handshake_timeout_s, check=lambda: group.check_started(procs))
             transport.wait_for_hello([chunk_rx], cfg.handshake_timeout_s)
         with replay_progress(console, len(log), f"replaying at {log.rate_hz:.0f} Hz") as progress:
             sup = Supervisor(obs_pub, procs, cfg.kill_runtime_at_tick, cfg.restart_runtime_after_ms,
-                             lambda: _spawn("serve", cfg.runtime, ep, cfg.out / "runtime.restarted.log",
-                                            cfg.fork_nodes),
+                             lambda: group.start(replace(procs[0].spec, log=cfg.out / "runtime.restarted.log")),
                              cfg.garbage_per_row, status_rx, cfg.stall_runtime_at_tick, cfg.stall_runtime_ms,
                              spawn_cpus=cfg.runtime.runtime_cpus)
             rec = _stream(log, ticks, stride, obs_pub, cmd_rx, chunk_rx, deadline_ms, cfg.settle_ms, sup.on_row,
@@ -234,13 +141,12 @@ def replay(cfg: ReplayConfig, console: Console | None = None) -> dict:
             stop = Stop("interrupted" if rec.interrupted else "end of log")
             transport.send(obs_pub, stop)
             sup.join()
-            exit_codes = _finish(procs, cmd_rx, chunk_rx, rec, status_rx, resend=lambda: transport.send(obs_pub, stop))
+            exit_codes = group.finish(procs, poke=lambda: transport.send(obs_pub, stop))
+            _drain(cmd_rx, chunk_rx, rec, status_rx)
     finally:
         if sup is not None:  # never leave a stalled (SIGSTOPped) runtime behind
             sup.release()
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
+        group.close()  # after an error: SIGTERM, then SIGKILL, whatever still runs
         ctx.destroy(linger=0)
         clock.leave_realtime()
         clock.pin_to_cpus(original_cpus)
@@ -283,24 +189,12 @@ def _raise_interrupt(signum, frame):
     raise KeyboardInterrupt(f"signal {signum}")
 
 
-def _spawn(role: str, role_cfg, ep: transport.Endpoints, log_path: Path, fork: bool = False) -> subprocess.Popen:
-    args = [role, *to_argv(role_cfg), *to_argv(ep)]
-    if fork:  # the same `edgeinfer <args>`, forked from a server that imported it once
-        from edgeinfer.procs.forkserver import ForkedNode
-
-        return ForkedNode(args, log_path)
-    argv = [sys.executable, "-m", "edgeinfer", *args]
-    # A session of their own: Ctrl-C reaches only the replayer, which stops the children with a Stop message.
-    env = {**os.environ, PARENT_PID_ENV: str(os.getpid())}  # the child exits if this process dies
-    return subprocess.Popen(argv, stdout=log_path.open("w"), stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                            start_new_session=True, env=env)
-
-
-def _check_alive(procs, out: Path) -> None:
-    for p, role in zip(procs, ("runtime", "control")):
-        if p.poll() is not None:
-            tail = (out / f"{role}.log").read_text()[-2000:]
-            raise RuntimeError(f"{role} process exited with code {p.returncode} during start-up:\n{tail}")
+def replay_nodes(cfg: ReplayConfig, ep: transport.Endpoints) -> list[NodeSpec]:
+    """The nodes a replay starts, runtime then control, on endpoints `ep`, logging to cfg.out (procs.nodes
+    starts them in sessions of their own: Ctrl-C reaches only the replayer, which stops them with a Stop
+    message). `edgeinfer launch FILE --dry-run` prints them as a launch file."""
+    return [NodeSpec("serve", (cfg.runtime, ep), "runtime", cfg.out / "runtime.log", cfg.fork_nodes),
+            NodeSpec("control", (cfg.control, ep), "control", cfg.out / "control.log", cfg.fork_nodes)]
 
 
 def _stream(log: ArmLog, ticks: np.ndarray, stride: int, obs_pub, cmd_rx, chunk_rx, deadline_ms: float,
@@ -439,33 +333,12 @@ def _collect(cmd_rx, chunk_rx, rec: Recording, grabbed: list = ()) -> None:
     rec.malformed = cmd_rx.malformed + chunk_rx.malformed
 
 
-def _finish(procs, cmd_rx, chunk_rx, rec: Recording, status_rx=None, timeout_s: float = 10.0,
-            resend=None) -> dict[str, int]:
-    """Wait for both children to exit after Stop (terminate stragglers, then kill them); return their exit codes.
-
-    `resend()` sends the Stop again every 100 ms meanwhile: a runtime restarted near the end of the log may
-    subscribe only after the first one. A child that died mid-run does not lose the run: its missing commands
-    are already counted as misses, and the report records the exit code. The newest Stats of each node (their
-    last one is sent at exit) land in rec.node_stats.
-    """
-    deadline = now_ns() + int(timeout_s * 1e9)
-    for p in procs:
-        while p.poll() is None and now_ns() < deadline:
-            if resend is not None:
-                resend()
-            try:
-                p.wait(timeout=0.1)
-            except subprocess.TimeoutExpired:
-                pass
-        if p.poll() is None:
-            p.terminate()
-            try:
-                p.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+def _drain(cmd_rx, chunk_rx, rec: Recording, status_rx=None, limit: int = 256) -> None:
+    """After the nodes exited (procs.nodes.NodeGroup.finish: Stop repeated, stragglers terminated): what is still
+    queued. A node that died mid-run does not lose the run: its missing commands are already counted as misses,
+    and the report records the exit code. The newest Stats of each node (their last one is sent at exit) land
+    in rec.node_stats."""
     _collect(cmd_rx, chunk_rx, rec)
-    for msg in status_rx.drain() if status_rx is not None else []:
+    for msg in status_rx.drain(limit=limit) if status_rx is not None else []:
         if isinstance(msg, Stats):
             rec.node_stats[msg.sender] = msg
-    return {role: p.returncode for p, role in zip(procs, ("runtime", "control"))}

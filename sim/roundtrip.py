@@ -1,6 +1,6 @@
 """Bare network round trips to the runtime host, for `edgeinfer hil` (sim/hil.py).
 
-A DEALER sends a numbered 8-byte probe to the runtime node's echo (edgeinfer.node.runtime.start_echo, a ROUTER that
+A DEALER sends a numbered 8-byte probe to the runtime node's echo (edgeinfer.node.echo.start_echo, a ROUTER that
 libzmq's proxy answers without the GIL) and times the reply on this host's monotonic clock: both timestamps are
 ours, so no clock of the other host enters the figure. During a replay the probes come from a child process of
 their own (`python -m edgeinfer.sim.roundtrip`), so that neither the replayer's pacing loop nor its GIL delays a

@@ -6,9 +6,9 @@ ticks" reads as "below 0.5 % at 95 % confidence", not as "never misses".
 from __future__ import annotations
 
 import math
-from statistics import NormalDist
 
 import numpy as np
+import scipy.stats as st
 
 # Quantiles reported for latency, as (key, percent).
 SUMMARY_PERCENTILES: tuple[tuple[str, float], ...] = (("p50", 50.0), ("p90", 90.0), ("p99", 99.0),
@@ -44,129 +44,71 @@ def latency_summary_ms(latencies_ns: np.ndarray) -> dict[str, float | None]:
     return out
 
 
-def _z(confidence: float) -> float:
+def _check_confidence(confidence: float) -> None:
     if not 0.0 < confidence < 1.0:
         raise ValueError(f"confidence must be in (0, 1), got {confidence}")
-    return NormalDist().inv_cdf(0.5 + confidence / 2.0)
+
+
+def _check_k_n(k: int, n: int) -> None:
+    if n < 0 or not 0 <= k <= max(n, 0):
+        raise ValueError(f"need 0 <= k <= n, got k={k}, n={n}")
 
 
 def wilson_interval(k: int, n: int, confidence: float = 0.95) -> tuple[float, float]:
-    """Wilson score interval for a binomial proportion k/n (Wilson 1927, JASA 22:209).
+    """Wilson score interval for a binomial proportion k/n (Wilson 1927, JASA 22:209), via
+    scipy.stats.binomtest(k, n).proportion_ci(method="wilson").
 
     Chosen over the Wald interval because it stays inside [0, 1] and keeps near-nominal coverage for rare
     events such as deadline misses (Agresti & Coull 1998, Am. Stat. 52:119). n == 0 gives (0.0, 1.0).
     Raises ValueError unless 0 <= k <= n and 0 < confidence < 1.
     """
-    z = _z(confidence)
-    if n < 0 or not 0 <= k <= max(n, 0):
-        raise ValueError(f"need 0 <= k <= n, got k={k}, n={n}")
+    return _binomial_interval(k, n, confidence, "wilson")
+
+
+def _binomial_interval(k: int, n: int, confidence: float, method: str) -> tuple[float, float]:
+    _check_confidence(confidence)
+    _check_k_n(k, n)
     if n == 0:
         return 0.0, 1.0
-    p = k / n
-    z2n = z * z / n
-    center = (p + z2n / 2.0) / (1.0 + z2n)
-    half = z * math.sqrt(p * (1.0 - p) / n + z2n / (4.0 * n)) / (1.0 + z2n)
-    # Exact endpoints at k == 0 / k == n; the formula gives them only up to rounding.
-    lo = 0.0 if k == 0 else max(0.0, center - half)
-    hi = 1.0 if k == n else min(1.0, center + half)
-    return lo, hi
+    ci = st.binomtest(k, n).proportion_ci(confidence, method=method)
+    return float(ci.low), float(ci.high)
 
 
-def _binom_cdf(n: int, q: float) -> np.ndarray:
-    """(n+1,) CDF of Binomial(n, q), built in log space so n in the millions neither overflows nor underflows."""
-    i = np.arange(1, n + 1, dtype=np.float64)
-    log_ratio = np.log(n - i + 1) - np.log(i) + math.log(q) - math.log1p(-q)
-    log_pmf = np.concatenate([[n * math.log1p(-q)], n * math.log1p(-q) + np.cumsum(log_ratio)])
-    pmf = np.exp(log_pmf - log_pmf.max())
-    return np.cumsum(pmf) / pmf.sum()
+def clopper_pearson_interval(k: int, n: int, confidence: float = 0.95) -> tuple[float, float]:
+    """Exact (Clopper & Pearson 1934, Biometrika 26:404) interval for a binomial proportion k/n, via
+    scipy.stats.binomtest(k, n).proportion_ci(method="exact").
+
+    The bounds solve P(B >= k | p_lo) = a/2 and P(B <= k | p_hi) = a/2 with a = 1 - confidence. Coverage is
+    at least the nominal level for every p (it is conservative), which is what a bound on a deadline-miss
+    rate should be. n == 0 gives (0.0, 1.0). Raises ValueError unless 0 <= k <= n and 0 < confidence < 1.
+    """
+    return _binomial_interval(k, n, confidence, "exact")
 
 
 def quantile_ci(samples, q: float, confidence: float = 0.95) -> tuple[float, float] | None:
-    """Distribution-free confidence interval for the q-quantile from order statistics (binomial method).
+    """Distribution-free confidence interval for the q-quantile from order statistics (binomial method),
+    via scipy.stats.quantile_test(samples, p=q).confidence_interval(confidence).
 
     With X_(1) <= ... <= X_(n) and B ~ Binomial(n, q), P(X_(l) <= xi_q < X_(u)) >= P(l <= B <= u-1)
-    (Hahn & Meeker 1991, Statistical Intervals, sec. 5.2). We take the largest l with P(B <= l-1) <= a/2
-    and the smallest u with P(B <= u-1) >= 1 - a/2, a = 1 - confidence, so each tail is at most a/2.
+    (Hahn & Meeker 1991, Statistical Intervals, sec. 5.2; Conover 1999, sec. 3.2); l and u are chosen so
+    that each tail is at most a/2, a = 1 - confidence.
     samples: (N,) numbers in any unit, non-finite ignored. Returns (X_(l), X_(u)) in the samples' unit, or
     None when n is too small for such ranks to exist (e.g. p99 needs n >= 368 at 95 %).
     Raises ValueError unless 0 < q < 1 and 0 < confidence < 1.
     """
     if not 0.0 < q < 1.0:
         raise ValueError(f"q must be in (0, 1), got {q}")
-    _z(confidence)
-    x = np.sort(_finite(samples))
-    n = x.size
-    if n == 0:
+    _check_confidence(confidence)
+    x = _finite(samples)
+    if x.size == 0:
         return None
-    alpha = 1.0 - confidence
-    cdf = _binom_cdf(n, q)  # cdf[j] = P(B <= j)
-    # Rank r (1-based) uses cdf[r-1]; valid ranks are 1..n.
-    lower_ok = np.flatnonzero(cdf[:n] <= alpha / 2.0)
-    upper_ok = np.flatnonzero(cdf[:n] >= 1.0 - alpha / 2.0)
-    if lower_ok.size == 0 or upper_ok.size == 0:
+    ci = st.quantile_test(x, p=q).confidence_interval(confidence)  # NaN where a rank does not exist
+    if np.isnan(ci.low) or np.isnan(ci.high):
         return None
-    l_rank, u_rank = int(lower_ok[-1]) + 1, int(upper_ok[0]) + 1
-    return float(x[l_rank - 1]), float(x[u_rank - 1])
+    return float(ci.low), float(ci.high)
 
 
-# --- exact binomial tools: Clopper-Pearson, LoadGen early stopping, two-sample tests ----------------------
-
-def binom_cdf(k: int, n: int, p: float) -> float:
-    """P(B <= k) for B ~ Binomial(n, p), summed exactly in log space over j = 0..k (O(k), no overflow).
-
-    Raises ValueError unless n >= 0 and 0 <= p <= 1. k < 0 gives 0.0 and k >= n gives 1.0.
-    """
-    if n < 0 or not 0.0 <= p <= 1.0:
-        raise ValueError(f"need n >= 0 and 0 <= p <= 1, got n={n}, p={p}")
-    if k < 0:
-        return 0.0
-    if k >= n:
-        return 1.0
-    if p == 0.0:
-        return 1.0
-    if p == 1.0:
-        return 0.0
-    j = np.arange(1, k + 1, dtype=np.float64)
-    # log pmf(j) = log pmf(j-1) + log((n-j+1)/j) + log(p/(1-p)), from log pmf(0) = n log(1-p)
-    steps = np.log(n - j + 1.0) - np.log(j) + (math.log(p) - math.log1p(-p))
-    log_pmf = n * math.log1p(-p) + np.concatenate([[0.0], np.cumsum(steps)])
-    top = float(log_pmf.max())
-    return min(1.0, math.exp(top) * float(np.exp(log_pmf - top).sum()))
-
-
-def _bisect_p(f, target: float, iters: int = 200) -> float:
-    """The p in [0, 1] where the decreasing function f(p) crosses target (bisection to float resolution)."""
-    lo, hi = 0.0, 1.0
-    for _ in range(iters):
-        mid = 0.5 * (lo + hi)
-        if mid in (lo, hi):
-            break
-        if f(mid) > target:
-            lo = mid
-        else:
-            hi = mid
-    return 0.5 * (lo + hi)
-
-
-def clopper_pearson_interval(k: int, n: int, confidence: float = 0.95) -> tuple[float, float]:
-    """Exact (Clopper & Pearson 1934, Biometrika 26:404) interval for a binomial proportion k/n.
-
-    The bounds solve P(B >= k | p_lo) = a/2 and P(B <= k | p_hi) = a/2 with a = 1 - confidence, i.e. the
-    a/2 and 1 - a/2 quantiles of Beta(k, n-k+1) and Beta(k+1, n-k); here found by bisection on the exact
-    binomial CDF (no scipy needed). Coverage is at least the nominal level for every p (it is conservative),
-    which is what a bound on a deadline-miss rate should be. n == 0 gives (0.0, 1.0).
-    Raises ValueError unless 0 <= k <= n and 0 < confidence < 1.
-    """
-    _z(confidence)
-    if n < 0 or not 0 <= k <= max(n, 0):
-        raise ValueError(f"need 0 <= k <= n, got k={k}, n={n}")
-    if n == 0:
-        return 0.0, 1.0
-    half = (1.0 - confidence) / 2.0
-    lo = 0.0 if k == 0 else _bisect_p(lambda p: binom_cdf(k - 1, n, p), 1.0 - half)
-    hi = 1.0 if k == n else _bisect_p(lambda p: binom_cdf(k, n, p), half)
-    return lo, hi
-
+# --- MLPerf LoadGen early stopping --------------------------------------------------------------------------
 
 def min_passing_samples(n_over: int, percentile: float, confidence: float = 0.99) -> int:
     """MLPerf LoadGen's early-stopping sample count: the least number h of samples at or under a latency
@@ -175,18 +117,18 @@ def min_passing_samples(n_over: int, percentile: float, confidence: float = 0.99
 
     LoadGen (mlcommons/inference, loadgen/early_stopping.cc, tolerance d = 0) treats each sample as a
     Bernoulli trial that is over the threshold with probability 1 - percentile when the quantile sits exactly
-    at the threshold, and passes when P(Binomial(h + n_over, 1 - percentile) <= n_over) < 1 - confidence.
+    at the threshold, and passes when P(Binomial(h + n_over, 1 - percentile) <= n_over) < 1 - confidence
+    (scipy.stats.binom.cdf).
     percentile: in (0, 1), e.g. 0.99. Raises ValueError for n_over < 0 or arguments out of range.
     """
     if n_over < 0:
         raise ValueError(f"n_over must be >= 0, got {n_over}")
     if not 0.0 < percentile < 1.0:
         raise ValueError(f"percentile must be in (0, 1), got {percentile}")
-    _z(confidence)
-    q = 1.0 - percentile
+    _check_confidence(confidence)
 
     def passes(h: int) -> bool:
-        return binom_cdf(n_over, h + n_over, q) < 1.0 - confidence
+        return early_stopping_passes(n_over, h + n_over, percentile, confidence)
 
     lo = math.ceil(math.log(1.0 - confidence) / math.log(percentile))  # the exact answer for n_over == 0
     if passes(lo - 1):  # float rounding at the boundary
@@ -206,10 +148,12 @@ def min_passing_samples(n_over: int, percentile: float, confidence: float = 0.99
 def early_stopping_passes(n_over: int, n: int, percentile: float, confidence: float = 0.99) -> bool:
     """True when n samples of which n_over exceed a threshold show, at `confidence`, that the `percentile`
     quantile is at or under that threshold (LoadGen's early-stopping criterion, see min_passing_samples).
-    Raises ValueError unless 0 <= n_over <= n."""
+    Raises ValueError unless 0 <= n_over <= n and 0 <= percentile <= 1."""
     if not 0 <= n_over <= n:
         raise ValueError(f"need 0 <= n_over <= n, got n_over={n_over}, n={n}")
-    return binom_cdf(n_over, n, 1.0 - percentile) < 1.0 - confidence
+    if not 0.0 <= percentile <= 1.0:
+        raise ValueError(f"percentile must be in [0, 1], got {percentile}")
+    return bool(st.binom.cdf(n_over, n, 1.0 - percentile) < 1.0 - confidence)
 
 
 def early_stopping_estimate(samples, percentile: float, confidence: float = 0.99) -> float | None:
@@ -235,51 +179,47 @@ def early_stopping_estimate(samples, percentile: float, confidence: float = 0.99
     return float(x[n - lo - 1])  # exactly lo samples lie above it (fewer with ties)
 
 
+# --- means and two-sample tests ----------------------------------------------------------------------------
+
 def mean_ci(samples, confidence: float = 0.95) -> tuple[float, float] | None:
-    """Normal-approximation (central limit theorem) interval for the mean: mean -+ z * s / sqrt(n).
+    """Normal-approximation (central limit theorem) interval for the mean: mean -+ z * s / sqrt(n), via
+    scipy.stats.norm.interval and scipy.stats.sem.
 
     samples: (N,) numbers, NaN counted as +inf (the mean is then unbounded: (inf, inf)). Consecutive ticks
     are correlated, so this interval is optimistic for time series; it is reported, and used for a mean
     objective, because no distribution-free bound on a mean exists. None for N < 2.
+    Raises ValueError unless 0 < confidence < 1.
     """
+    _check_confidence(confidence)
     x = _nan_as_inf(samples)
     if x.size < 2:
         return None
     if not np.all(np.isfinite(x)):
         return math.inf, math.inf
-    half = _z(confidence) * float(x.std(ddof=1)) / math.sqrt(x.size)
-    return float(x.mean()) - half, float(x.mean()) + half
+    lo, hi = st.norm.interval(confidence, loc=x.mean(), scale=st.sem(x))
+    return float(lo), float(hi)
 
 
-def _log_comb(n: int, k: np.ndarray) -> np.ndarray:
-    lg = np.vectorize(math.lgamma, otypes=[float])
-    return math.lgamma(n + 1) - lg(k + 1.0) - lg(n - k + 1.0)
+# alternative names as the caller reads them -> scipy's, for the table [[k_a, n_a - k_a], [k_b, n_b - k_b]]:
+# B's proportion higher <=> the table's odds ratio below 1.
+_FISHER_ALTERNATIVES = {"two-sided": "two-sided", "b_greater": "less", "b_less": "greater"}
 
 
 def fisher_exact_p(k_a: int, n_a: int, k_b: int, n_b: int, alternative: str = "two-sided") -> float:
-    """p-value of Fisher's exact test that two binomial proportions k_a/n_a and k_b/n_b are equal.
+    """p-value of Fisher's exact test that two binomial proportions k_a/n_a and k_b/n_b are equal, via
+    scipy.stats.fisher_exact.
 
     Conditions on the total k_a + k_b (hypergeometric). alternative: "two-sided" sums the probabilities of
-    all tables no more likely than the observed one (the convention of R's fisher.test and
-    scipy.stats.fisher_exact, 1e-7 relative tolerance for ties); "b_greater" is P(B's count >= k_b), the
-    one-sided test that B's proportion is higher; "b_less" is P(B's count <= k_b).
+    all tables no more likely than the observed one (the convention of R's fisher.test); "b_greater" is
+    P(B's count >= k_b), the one-sided test that B's proportion is higher; "b_less" is P(B's count <= k_b).
     Raises ValueError unless 0 <= k <= n for both samples and alternative is one of those.
     """
     for k, n in ((k_a, n_a), (k_b, n_b)):
-        if not 0 <= k <= n:
-            raise ValueError(f"need 0 <= k <= n, got k={k}, n={n}")
-    if alternative not in ("two-sided", "b_greater", "b_less"):
+        _check_k_n(k, n)
+    if alternative not in _FISHER_ALTERNATIVES:
         raise ValueError(f"alternative must be two-sided, b_greater or b_less, got {alternative!r}")
-    total = k_a + k_b
-    x = np.arange(max(0, total - n_a), min(total, n_b) + 1)  # B's possible counts
-    log_p = _log_comb(n_b, x) + _log_comb(n_a, total - x) - float(_log_comb(n_a + n_b, np.array([total]))[0])
-    if alternative == "b_greater":
-        sel = x >= k_b
-    elif alternative == "b_less":
-        sel = x <= k_b
-    else:
-        sel = log_p <= log_p[x == k_b][0] + 1e-7
-    return float(min(1.0, np.exp(log_p[sel]).sum()))
+    table = [[k_a, n_a - k_a], [k_b, n_b - k_b]]
+    return float(st.fisher_exact(table, alternative=_FISHER_ALTERNATIVES[alternative]).pvalue)
 
 
 def exceedance_p(m: int, n_a: int, n_b: int) -> float:
@@ -291,6 +231,8 @@ def exceedance_p(m: int, n_a: int, n_b: int) -> float:
     """
     if n_a < 1 or not 0 <= m <= n_b:
         raise ValueError(f"need n_a >= 1 and 0 <= m <= n_b, got m={m}, n_a={n_a}, n_b={n_b}")
+    # The product prod_i (n_b - i) / (n_a + n_b - i) in log space, not scipy.stats.hypergeom.pmf(m, n_a + n_b,
+    # n_b, m): that rounds m == 0 to 0.9999999999999999, and a report should read p = 1 there.
     i = np.arange(m, dtype=np.float64)
     return float(np.exp(np.sum(np.log(n_b - i) - np.log(n_a + n_b - i))))
 
@@ -325,14 +267,15 @@ def rms_ci(errors, batch: int = 50, confidence: float = 0.95) -> tuple[float, fl
     errors: (N, ...) per-tick errors (any unit; all trailing axes are averaged per tick). Consecutive ticks
     are strongly correlated, so the interval is built on the means of non-overlapping batches of `batch`
     ticks (the batch-means method, Law & Kelton, Simulation Modeling and Analysis, ch. 9) with a normal
-    quantile, then square-rooted. Returns (lo, hi) in the errors' unit, or None for fewer than 2 batches.
+    quantile (scipy.stats.norm.interval), then square-rooted. Returns (lo, hi) in the errors' unit, or None
+    for fewer than 2 batches. Raises ValueError unless 0 < confidence < 1.
     """
+    _check_confidence(confidence)
     e = np.asarray(errors, dtype=np.float64)
     if e.ndim == 0 or e.shape[0] < 2 * batch:
         return None
     per_tick = np.square(e).reshape(e.shape[0], -1).mean(axis=1)
     k = per_tick.size // batch
     means = per_tick[: k * batch].reshape(k, batch).mean(axis=1)
-    half = _z(confidence) * float(means.std(ddof=1)) / math.sqrt(k)
-    centre = float(means.mean())
-    return math.sqrt(max(0.0, centre - half)), math.sqrt(centre + half)
+    lo, hi = st.norm.interval(confidence, loc=means.mean(), scale=st.sem(means))
+    return math.sqrt(max(0.0, float(lo))), math.sqrt(float(hi))

@@ -49,9 +49,11 @@ class Supervisor:
     SIGSTOPs procs[0] (the runtime) when row `stall_at_row` has been sent and SIGCONTs it `stall_ms` later
     (from a thread that sleeps to that absolute time, so the stall does not round to whole rows);
     SIGKILLs procs[0] when row `kill_at_row` has been sent; `restart_after_ms` later, starts a new runtime
-    with `spawn()` (from a thread, so the replayer's schedule does not wait on fork/exec) and puts it in
-    procs[0]. Times are on the replayer's clock (ns). `release()` resumes a stalled runtime at once: call
-    it on every way out (end of log, Ctrl-C, an error), so that no process is left stopped.
+    with `spawn()` (the replay's procs.nodes.NodeGroup.start, so that its teardown covers the new one too;
+    from a thread, so the replayer's schedule does not wait on fork/exec) and puts it in procs[0]. procs: the
+    started nodes (procs.nodes.Node), runtime first. Times are on the replayer's clock (ns). `release()`
+    resumes a stalled runtime at once: call it on every way out (end of log, Ctrl-C, an error), so that no
+    process is left stopped.
     """
 
     def __init__(self, obs_pub, procs: list, kill_at_row: int | None, restart_after_ms: float | None,

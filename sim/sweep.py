@@ -23,7 +23,6 @@ its error; the other runs go on. On a cluster every node needs edgeinfer install
 """
 from __future__ import annotations
 
-import argparse
 import copy
 import csv
 import glob
@@ -33,16 +32,14 @@ import os
 import subprocess
 import sys
 import time
-import tomllib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
 
-from edgeinfer.core.config import build, to_argv
+from edgeinfer.core.config import load, read_toml, to_argv
 
-SECTIONS = ("sweep", "base", "configs", "grid")
 CSV_COLUMNS = ("run", "log", "config", "status", "latency_p50_ms", "latency_p50_ci95_lo", "latency_p50_ci95_hi",
                "latency_p99_ms", "latency_p99_ci95_lo", "latency_p99_ci95_hi", "miss_rate", "miss_rate_upper95",
                "verdict", "observations", "out", "error")
@@ -50,15 +47,16 @@ CSV_COLUMNS = ("run", "log", "config", "status", "latency_p50_ms", "latency_p50_
 
 @dataclass
 class SweepConfig:
-    """address: Ray cluster to join (e.g. ray://HOST:10001, or "auto" on a cluster node); None starts local Ray
-    with this machine's CPUs. num_cpus_per_task: CPUs Ray reserves per replay (a replay keeps about two busy: the
-    runtime, and the replayer with the control loop; 2 on a 2-core machine runs one at a time). out: overrides
-    the file's [sweep] out. replay_timeout_s: a replay still running after this long is stopped and fails."""
+    """Where and how the sweep's replays run."""
 
+    # Ray cluster to join (e.g. ray://HOST:10001, or "auto" on a cluster node); None starts local Ray with this
+    # machine's CPUs.
     address: str | None = None
+    # CPUs Ray reserves per replay (a replay keeps about two busy: the runtime, and the replayer with the
+    # control loop; 2 on a 2-core machine runs one at a time).
     num_cpus_per_task: float = 2.0
-    out: Path | None = None
-    replay_timeout_s: float = 3600.0
+    out: Path | None = None  # output folder, overriding the file's [sweep] out
+    replay_timeout_s: float = 3600.0  # a replay still running after this long is stopped and fails, s
 
     def __post_init__(self):
         self.out = Path(self.out) if self.out is not None else None
@@ -66,6 +64,24 @@ class SweepConfig:
             raise ValueError(f"SweepConfig.num_cpus_per_task must be > 0, got {self.num_cpus_per_task}")
         if not self.replay_timeout_s > 0:
             raise ValueError(f"SweepConfig.replay_timeout_s must be > 0, got {self.replay_timeout_s}")
+
+
+@dataclass
+class SweepHead:
+    """The [sweep] table of a sweep file."""
+
+    logs: list[str]  # log paths or glob patterns, relative to the sweep file's folder
+    out: str = "out/sweep"  # one folder per run below it, relative to the sweep file's folder
+
+
+@dataclass
+class SweepFile:
+    """A sweep file (see the module docstring); every table but [sweep] is optional."""
+
+    sweep: SweepHead  # the logs and the output folder
+    base: dict = field(default_factory=dict)  # ReplayConfig options every run shares, as a launch file's [replay]
+    configs: dict[str, dict] = field(default_factory=dict)  # named variations laid over base
+    grid: dict[str, list] = field(default_factory=dict)  # every combination of these values, crossed with configs
 
 
 @dataclass
@@ -137,30 +153,22 @@ def plan(path: Path, out: Path | None = None) -> tuple[list[Run], Path]:
     ReplayConfig: a run whose options are rejected keeps the error and is never started. Raises ValueError naming
     the file for invalid TOML, an unknown table or a log pattern that matches nothing."""
     path = Path(path).resolve()
-    try:
-        doc = tomllib.loads(path.read_text())
-    except tomllib.TOMLDecodeError as e:
-        raise ValueError(f"{path}: {e}") from None
-    if unknown := set(doc) - set(SECTIONS):
-        raise ValueError(f"{path}: unknown table(s) {sorted(unknown)}; expected {list(SECTIONS)}")
-    head = doc.get("sweep", {})
-    if unknown := set(head) - {"logs", "out"}:
-        raise ValueError(f"{path}: unknown key(s) in [sweep]: {sorted(unknown)}; expected logs, out")
-    logs = expand_logs(head.get("logs"), path)
-    out = Path(out) if out is not None else (path.parent / head.get("out", "out/sweep")).resolve()
-    from edgeinfer.sim.replay import ReplayConfig  # here: Ray workers import this module without torch
+    doc = load(SweepFile, read_toml(path), file=path)
+    logs = expand_logs(doc.sweep.logs, path)
+    out = Path(out) if out is not None else (path.parent / doc.sweep.out).resolve()
+    from edgeinfer.sim.config import ReplayConfig  # here: Ray workers import this module without torch
 
     runs, names = [], set()
     for log in logs:
-        for cname, opts in _variations(doc.get("configs", {}), doc.get("grid", {}), path):
+        for cname, opts in _variations(doc.configs, doc.grid, path):
             name = f"{log.name}/{cname}"
             while name in names:  # two logs of one name in different folders
                 name += "+"
             names.add(name)
             run_out = out / name.replace("/", "__")
-            table = _merge(_merge(doc.get("base", {}), opts), {"log": str(log), "out": str(run_out)})
+            table = _merge(_merge(doc.base, opts), {"log": str(log), "out": str(run_out)})
             try:
-                argv = to_argv(build(ReplayConfig, argparse.Namespace(), table, path.parent))
+                argv = to_argv(load(ReplayConfig, table, base_dir=path.parent))
                 runs.append(Run(name, str(log), cname, run_out, argv))
             except (ValueError, TypeError) as e:
                 runs.append(Run(name, str(log), cname, run_out, [], f"{path}: configs.{cname}: {e}"))

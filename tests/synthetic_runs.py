@@ -10,8 +10,9 @@ import numpy as np
 
 from edgeinfer.core.wire import ActionChunk, JointCommand
 from edgeinfer.logs.arm_log import synthetic_log
+from edgeinfer.sim.config import ReplayConfig
 from edgeinfer.sim.metrics import summarize
-from edgeinfer.sim.replay import Recording, ReplayConfig
+from edgeinfer.sim.replay import Recording
 
 PERIOD_NS = 4_000_000  # 250 Hz
 STRIDE = 5

@@ -144,14 +144,14 @@ def test_stateful_false_is_checked(tmp_path):
 
 
 @pytest.mark.parametrize("edit, match", [
-    (("n_joints = 2", "n_joints = 2\nhorizon = 4"), r"recurrent\.toml: horizon: unknown key"),
+    (("n_joints = 2", "n_joints = 2\nhorizon = 4"), r"recurrent\.toml: unknown keys \['horizon'\]"),
     (("scale = 0.1", "scale = [0.1, 0.1, 0.1]"),
      r"recurrent\.toml: observation\[1\]\.scale: expected 2 numbers, got 3"),
     (('name = "qd"', 'name = "qd"\nvalue = [1.0]'), r"recurrent\.toml: observation\[1\]\.value: only for source"),
     (('source = "qd"', 'source = "qdd"'), r"recurrent\.toml: observation\[1\]\.source: expected one of"),
     (('units = "rad/s"', 'units = "deg/s"'), r"recurrent\.toml: observation\[1\]\.units: source 'qd' is in"),
-    (("rate_hz = 50.0", 'rate_hz = "50"'), r"recurrent\.toml: rate_hz: expected a number, got str"),
-    (("stateful = true", "stateful = 1"), r"recurrent\.toml: stateful: expected true or false"),
+    (("rate_hz = 50.0", 'rate_hz = "50"'), r"recurrent\.toml: rate_hz: expected float, got str"),
+    (("stateful = true", "stateful = 1"), r"recurrent\.toml: stateful: expected bool, got int"),
     (('model = "recurrent.pt"', 'model = "missing.pt"'), r"recurrent\.toml: model: no such file .*missing\.pt"),
     (('name = "q_target"', ""), r"recurrent\.toml: action\.name: missing"),
 ])

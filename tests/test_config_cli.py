@@ -1,5 +1,7 @@
 """Dataclass-generated command-line options, TOML launch files, and the real `edgeinfer` CLI."""
 import argparse
+import dataclasses
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -8,10 +10,10 @@ import pytest
 
 from edgeinfer.control.loop import ControlConfig
 from edgeinfer.control.safety import SafetyLimits
-from edgeinfer.core.config import add_options, build, load_launch, to_argv
+from edgeinfer.core.config import add_options, build, field_docs, first_sentence, load, load_launch, to_argv
 from edgeinfer.core.scheduler import SchedulerConfig
 from edgeinfer.node.runtime import RuntimeConfig
-from edgeinfer.sim.replay import ReplayConfig
+from edgeinfer.sim.config import ReplayConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -190,3 +192,82 @@ def test_launch_relative_paths_resolve_against_the_launch_file(tmp_path):
     # a path given on the command line stays relative to the working directory
     cfg = build(ReplayConfig, replay_parser().parse_args(["--log", "here"]), load_launch(path, "replay"), tmp_path)
     assert cfg.log == Path("here")
+
+
+# ------------------------------------------------------------------------------------- one loader, one --help
+
+HELP_COMMANDS = ("serve", "control", "replay", "hil", "launch", "train", "distill", "build", "sweep", "bench")
+
+
+@pytest.mark.parametrize("command", HELP_COMMANDS)
+def test_every_option_of_every_command_has_a_one_line_description(command, monkeypatch, capsys):
+    """`edgeinfer COMMAND --help` through the real parser: each option's help is its field's documentation
+    (core/config.py field_docs), one line, not only its default."""
+    from edgeinfer import cli
+
+    seen = {}
+
+    def record(self, parser, namespace, values, option_string=None):
+        seen["parser"] = parser
+        parser.print_help()
+        parser.exit()
+
+    monkeypatch.setattr(argparse._HelpAction, "__call__", record)
+    with pytest.raises(SystemExit):
+        cli.main([command, "--help"])
+    options = [a for a in seen["parser"]._actions
+               if a.option_strings and not isinstance(a, argparse._HelpAction)]
+    assert options and capsys.readouterr().out
+    for action in options:
+        text = re.sub(r"\((default: .*|required)\)$", "", action.help or "").strip()
+        assert text and "\n" not in text, f"edgeinfer {command} {action.option_strings[0]}: no one-line description"
+
+
+def test_field_docs_are_the_trailing_comment_or_the_block_above():
+    docs = field_docs(ReplayConfig)
+    assert docs["garbage_per_row"].startswith("fault drill: malformed messages")  # trailing
+    assert docs["pin_cpus"].startswith("Pin the replayer and control loop to CPU 0")  # block above, joined
+    assert docs["time_scale"].startswith("Replay speed")  # inherited from PacingConfig
+    assert first_sentence("A (b. c; d). E") == "A (b. c; d)" and first_sentence("x e.g. y. z") == "x e.g. y"
+
+
+def test_load_names_the_file_and_the_key(tmp_path):
+    @dataclasses.dataclass
+    class Item:
+        name: str
+        size_m: float = 1.0
+
+    @dataclasses.dataclass
+    class Doc:
+        items: list[Item]
+        where: Path | None = None
+
+    assert load(Doc, {"items": [{"name": "a", "size_m": 2}], "where": "x"}, base_dir=tmp_path) == \
+        Doc([Item("a", 2.0)], tmp_path / "x")  # int accepted for float; a relative path joins base_dir
+    for data, match in [({"items": [{"name": "a", "size": 2}]}, r"f.toml: items\[0\]: unknown keys \['size'\]"),
+                        ({"items": [{}]}, r"f.toml: items\[0\]\.name: missing"),
+                        ({"items": [{"name": "a", "size_m": "2"}]}, r"f.toml: items\[0\]\.size_m: expected float, "
+                                                                    r"got str '2'"),
+                        ({"items": {}}, r"f.toml: items: expected a list, got dict")]:
+        with pytest.raises(ValueError, match=match):
+            load(Doc, data, file="f.toml")
+
+
+def test_replay_and_hil_share_their_robot_side_fields_and_defaults():
+    """One SessionConfig behind both: same fields, same defaults (the handshake timeout is 300 s for both);
+    only the output folder differs on purpose (a hil run must not overwrite a replay's report)."""
+    from edgeinfer.control.safety import CommandConfig
+    from edgeinfer.node.controller import ControllerConfig
+    from edgeinfer.sim.config import SessionConfig
+    from edgeinfer.sim.hil import HilConfig
+
+    hil, replay = HilConfig(endpoint="tcp://127.0.0.1:40000"), ReplayConfig()
+    for f in dataclasses.fields(SessionConfig):
+        if f.name != "out":
+            assert getattr(hil, f.name) == getattr(replay, f.name), f.name
+    assert hil.handshake_timeout_s == replay.handshake_timeout_s == 300.0
+    assert (hil.out, replay.out) == (Path("out/hil"), Path("out"))
+    for cfg in (ControlConfig(), ControllerConfig()):  # the control loop and the embedded controller
+        assert isinstance(cfg, CommandConfig) and (cfg.blend_ms, cfg.limits) == (10.0, SafetyLimits())
+    with pytest.raises(ValueError, match="HilConfig.time_scale"):
+        HilConfig(endpoint="tcp://127.0.0.1:40000", time_scale=50)

@@ -1,10 +1,18 @@
-"""The embeddable Controller on a real Schunk recording: every tick gets a finite, limited command at once."""
+"""The embeddable Controller: on a real Schunk recording every tick gets a finite, limited command at once; on a
+scripted buffer it commands and counts exactly as the control loop does (one command path, control/command.py)."""
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
+import zmq
 
+from edgeinfer.control.loop import ControlConfig, ControlLoop
+from edgeinfer.control.safety import SafetyLimits
 from edgeinfer.core.clock import Ticker, now_ns
-from edgeinfer.core.wire import Observation
+from edgeinfer.core.transport import Endpoints, Receiver, pull, push
+from edgeinfer.core.wire import ActionChunk, Observation
 from edgeinfer.logs.arm_log import read_schunk
+from edgeinfer.node import controller as controller_module
 from edgeinfer.node.controller import Controller, ControllerConfig
 from edgeinfer.node.runtime import RuntimeConfig
 
@@ -46,3 +54,103 @@ def test_controller_rejects_an_observation_of_the_wrong_shape():
     with Controller(ControllerConfig(RuntimeConfig(warmup_chunks=1), warmup=False)) as ctl:
         with pytest.raises(ValueError, match="3 joints"):
             ctl.step(now_ns(), Observation(0, now_ns(), np.zeros(3), np.zeros(3), np.zeros(3)))
+
+
+# ---- one command path: the Controller commands exactly as the control loop does ---------------------------
+
+MS = 1_000_000
+T = 5_000 * MS
+STEP = 10 * MS
+LIMITS = dict(q_min_rad=[-3.0, -3.0], q_max_rad=[3.0, 3.0], qd_max_rad_s=1000.0)  # only the box clamps
+
+
+def _chunk(t_obs, rows, obs_seq, rung="full"):
+    return ActionChunk(seq=obs_seq, obs_seq=obs_seq, t_obs_ns=t_obs, t_ready_ns=t_obs, step_ns=STEP,
+                       steps_rad=np.asarray(rows, dtype=np.float64), rung=rung, tokens=0, target_passes=0,
+                       drafted=0, accepted=0)
+
+
+def _obs(seq, q):
+    q = np.asarray(q, dtype=np.float64)
+    return Observation(seq, T, q, np.zeros(2), q.copy())
+
+
+class _AnchorOnlyRuntime:
+    """A two-joint policy that never plans (every chunk is its anchor, the continue rung, which no buffer keeps):
+    the test alone decides what the buffer holds."""
+
+    def __init__(self, cfg):
+        self.policy = SimpleNamespace(cfg=SimpleNamespace(n_joints=2))
+
+    def chunk_timing(self, period_ns):
+        return 5, period_ns * 5
+
+    def step(self, obs, t_start_ns=None, step_ns=STEP, budget=True, on_first_step=None):
+        return _chunk(obs.t_ns, [obs.q_rad], obs.seq, rung="continue")
+
+
+@pytest.fixture
+def controller(monkeypatch):
+    monkeypatch.setattr(controller_module, "PolicyRuntime", _AnchorOnlyRuntime)
+    cfg = ControllerConfig(limits=SafetyLimits(**LIMITS), period_ms=10.0, warmup=False, blend_ms=0.0)
+    with Controller(cfg) as ctl:
+        yield ctl
+
+
+@pytest.fixture
+def loop():
+    ep = Endpoints.free_loopback()
+    ctx = zmq.Context()
+    rx = Receiver(pull(ctx, ep.commands, bind=True))
+    loop = ControlLoop(ControlConfig(limits=SafetyLimits(**LIMITS), blend_ms=0.0), ep)
+    loop.commands = push(ctx, ep.commands)
+    loop.runtime.alive = True  # as after the runtime's first Heartbeat
+    yield loop, rx
+    ctx.destroy(linger=0)
+
+
+# (tick time, observation the caller has (None: none), chunk pushed before the tick); a non-finite
+# observation never reaches the loop (its wire decoder refuses it), and the Controller refuses it too
+SCRIPT = [
+    (T - STEP, _obs(0, [np.nan, 0.0]), None),  # no state at all: nothing safe to command
+    (T - STEP, _obs(1, [0.5, -0.5]), None),  # hold at the observed position
+    (T - STEP // 2, _obs(2, [np.inf, 0.0]), None),  # hold at the last command, not at the refused observation
+    (T + STEP // 2, None, _chunk(T, [[0.5, -0.5], [1.0, 7.5], [np.nan, 2.0]], 1)),  # interpolated, box-clamped
+    (T + 2 * STEP, None, None),  # a non-finite target: replaced by the last command, counted
+    (T + 3 * STEP, _obs(3, [1.0, 1.0]), None),  # past the chunk: hold the last command
+]
+
+
+def test_controller_commands_and_counts_like_the_control_loop(controller, loop):
+    loop, rx = loop
+    ctl_cmds, loop_cmds = [], []
+    for n, (t, obs, new_chunk) in enumerate(SCRIPT):
+        if new_chunk is not None:
+            controller._push(new_chunk)
+            loop.buffer.push(new_chunk)
+        ctl_cmds.append(controller.step(t, obs))
+        if obs is not None and np.all(np.isfinite(obs.q_rad)):
+            loop.last_obs = obs
+        loop._command(n, t, 0.01)
+        loop_cmds.append(rx.recv(200) if n > 0 else rx.recv(50))
+    assert ctl_cmds[0] is None and loop_cmds[0] is None  # no state: no command from either
+    for c, lc in zip(ctl_cmds[1:], loop_cmds[1:]):
+        assert (c.obs_seq, c.chunk_obs_seq, c.rung) == (lc.obs_seq, lc.chunk_obs_seq, lc.rung)
+        np.testing.assert_array_equal(c.q_rad, lc.q_rad)
+    assert [c.rung for c in ctl_cmds[1:]] == ["hold", "hold", "full", "full", "hold"]
+    np.testing.assert_array_equal(ctl_cmds[2].q_rad, [0.5, -0.5])  # the last command, not inf
+    np.testing.assert_allclose(ctl_cmds[3].q_rad, [0.75, 3.0])
+    np.testing.assert_allclose(ctl_cmds[4].q_rad, [0.75, 3.0])  # the NaN target never leaves
+    shared = ("ticks", "holds", "no_state", "clamped", "nonfinite_targets", "rungs")
+    assert {k: getattr(controller.stats, k) for k in shared} == {k: getattr(loop.stats, k) for k in shared}
+    assert (controller.stats.no_state, controller.stats.nonfinite_targets, controller.stats.clamped) == (1, 1, 2)
+    assert controller.stats.obs_nonfinite == 2
+
+
+def test_controller_holds_at_the_last_finite_observation_when_nothing_else_is_available(controller):
+    assert controller.step(T, _obs(0, [np.nan, 0.0])) is None  # nothing safe to hold at yet
+    assert controller.step(T, None) is None
+    cmd = controller.step(T, _obs(1, [0.25, 0.5]))
+    assert (cmd.rung, cmd.obs_seq) == ("hold", 1)
+    np.testing.assert_array_equal(cmd.q_rad, [0.25, 0.5])
+    assert (controller.stats.no_state, controller.stats.holds, controller.stats.ticks) == (2, 1, 1)

@@ -10,7 +10,8 @@ from rich.console import Console
 from edgeinfer.logs.arm_log import synthetic_log, write_schunk
 from edgeinfer.node.faults import FaultConfig
 from edgeinfer.node.runtime import RuntimeConfig
-from edgeinfer.sim.replay import ReplayConfig, replay
+from edgeinfer.sim.config import ReplayConfig
+from edgeinfer.sim.replay import replay
 from edgeinfer.sim.supervisor import GARBAGE_KINDS
 
 pytestmark = pytest.mark.slow

@@ -51,7 +51,7 @@ def _serve_table(ep: Endpoints) -> str:
 
 def test_shipped_launch_files_parse_and_keep_working_with_replay_launch():
     from edgeinfer.core.config import build, load_launch
-    from edgeinfer.sim.replay import ReplayConfig
+    from edgeinfer.sim.config import ReplayConfig
 
     launch = ROOT / "launch"
     kinds = {name: [n.command for n in load_nodes(launch / f"{name}.toml")]
@@ -67,6 +67,28 @@ def test_shipped_launch_files_parse_and_keep_working_with_replay_launch():
     serve = load_nodes(launch / "serve.toml")[0]
     assert serve.ready_endpoint == "tcp://127.0.0.1:5602" and not serve.task
     assert "--budget-ms" in serve.argv and "--chunks" in serve.argv
+
+
+def test_a_replays_process_graph_renders_as_a_launch_file_that_starts_the_same_nodes(tmp_path):
+    from edgeinfer.procs.spec import to_toml
+    from edgeinfer.sim.config import ReplayConfig
+    from edgeinfer.sim.replay import replay_nodes
+
+    cfg = ReplayConfig(out=tmp_path / "out", fork_nodes=True)
+    cfg.runtime.scheduler.budget_ms = 7.5
+    cfg.control.phase_ms = 0.5
+    specs = replay_nodes(cfg, Endpoints.free_loopback())
+    assert [(s.name, s.command, s.task, s.fork) for s in specs] == [("runtime", "serve", False, True),
+                                                                    ("control", "control", False, True)]
+    path = tmp_path / "graph.toml"
+    path.write_text(to_toml(specs))
+    text = path.read_text()
+    assert "[serve.scheduler]\nbudget_ms = 7.5" in text and "phase_ms = 0.5" in text
+    assert "k_max" not in text  # defaults left out: the graph reads at a glance
+    assert [s.argv for s in load_nodes(path)] == [s.argv for s in specs]
+    dry = _launch(ROOT / "launch" / "acceptance.toml", "--dry-run", "true", timeout=120)
+    assert dry.returncode == 0 and "# [serve]" in dry.stdout and "# [control]" in dry.stdout, dry.stderr
+    assert "pid" not in dry.stdout  # nothing started
 
 
 def test_bad_launch_file_is_refused_naming_table_and_key(tmp_path):

@@ -10,8 +10,8 @@ from edgeinfer.control.loop import ControlConfig
 from edgeinfer.control.safety import SafetyLimits
 from edgeinfer.core.transport import Endpoints
 from edgeinfer.logs.arm_log import synthetic_log
+from edgeinfer.sim.config import ReplayConfig
 from edgeinfer.sim.preflight import check_run_fits, policy_shape
-from edgeinfer.sim.replay import ReplayConfig
 
 
 def _alive(pid: int) -> bool:
@@ -72,3 +72,41 @@ assert "torch" not in sys.modules, "torch was imported"
 """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
+
+
+def test_node_group_tears_down_a_node_and_a_descendant_that_left_its_group(tmp_path):
+    import psutil
+
+    from edgeinfer.procs.nodes import NodeGroup, kill_tree
+    from edgeinfer.procs.spec import NodeSpec
+
+    said = []
+    with NodeGroup(grace_s=10.0, say=lambda node, text, style: said.append((node.name, text))) as group:
+        # a control node with nobody to hand-shake with waits for Hellos: a live node to tear down
+        node = group.start(NodeSpec("control", (Endpoints.free_loopback(),), log=tmp_path / "control.log"))
+        group.check_started()
+        assert os.getsid(node.pid) == node.pid  # a session of its own
+        assert group.poll() == [] and node.state == "starting"
+    assert node.state == "stopped" and node.returncode is not None and not _alive(node.pid)
+    assert said == [("control", "SIGTERM")]  # SIGTERM was enough
+    # a grandchild in a session of its own outlives its parent; kill_tree ends it by (pid, create time)
+    parent = subprocess.Popen(["bash", "-c", "setsid sleep 60 & sleep 60"])
+    deadline = time.monotonic() + 10
+    while len(kids := psutil.Process(parent.pid).children(recursive=True)) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    parent.kill()
+    parent.wait()
+    kill_tree(kids, grace_s=5.0)
+    assert not any(_alive(k.pid) for k in kids)
+
+
+def test_a_node_that_dies_during_start_up_is_named_with_its_log(tmp_path):
+    from edgeinfer.procs.nodes import NodeGroup
+    from edgeinfer.procs.spec import NodeSpec
+
+    with NodeGroup() as group:
+        node = group.start(NodeSpec("control", (), "ctl", tmp_path / "ctl.log"))  # no endpoints: argparse exits 2
+        assert node.wait(timeout=120) == 2
+        with pytest.raises(RuntimeError, match=r"(?s)ctl process exited with code 2 during start-up:\n.*--obs"):
+            group.check_started()
+    assert [n.state for n in group.nodes] == ["failed"]

@@ -14,7 +14,8 @@ from rich.console import Console
 from edgeinfer.engines.policy import DEFAULT_POLICY
 from edgeinfer.logs.arm_log import ArmLog, LogError, synthetic_log, write_schunk
 from edgeinfer.node.runtime import RuntimeConfig
-from edgeinfer.sim.replay import ReplayConfig, replay
+from edgeinfer.sim.config import ReplayConfig
+from edgeinfer.sim.replay import replay
 
 pytestmark = pytest.mark.slow
 

@@ -12,9 +12,10 @@ import zmq
 from edgeinfer.core import transport
 from edgeinfer.core.wire import Observation, Start
 from edgeinfer.logs.arm_log import ArmLog, synthetic_log
+from edgeinfer.sim.config import ReplayConfig
 from edgeinfer.sim.faults import NetworkFaultConfig
 from edgeinfer.sim.pacing import SpinTail, scaled_period_ns, send_timing_report, should_skip
-from edgeinfer.sim.replay import ReplayConfig, _stream
+from edgeinfer.sim.replay import _stream
 from edgeinfer.sim.schedule import tick_grid
 
 STRIDE = 5

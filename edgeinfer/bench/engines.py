@@ -15,7 +15,7 @@ Per row, on real held-out observations (engines/calibration.py; synthetic with a
     spec_equals_greedy   fraction of speculative chunks identical to the engine's own greedy ones (1.0)
     graphs_equal_eager   CUDA graph rows: the same for the same engine without graphs (1.0)
 Timing: time.perf_counter_ns around each call, warm-up excluded; every engine returns numpy, which waits
-for the device. Imports no zmq (the GPU machines have no pyzmq) and works without rich.
+for the device. Imports no zmq (the GPU machines have no pyzmq).
 """
 from __future__ import annotations
 
@@ -30,6 +30,8 @@ import traceback
 from pathlib import Path
 
 import numpy as np
+from rich.console import Console
+from rich.table import Table
 
 from edgeinfer.core.speculative import FixedK, speculative_decode
 from edgeinfer.engines.calibration import sample_windows
@@ -297,7 +299,7 @@ def table_rows(rows: list[dict]) -> tuple[list[str], list[list[str]]]:
 
 
 def print_table(result: dict, title: str = "engine bench") -> None:
-    """The rows as a table (rich when installed, plain text otherwise), then machine, data and full errors."""
+    """The rows as a table, then machine, data and full errors."""
     head, cells = table_rows(result["rows"])
     m, data = result.get("machine", {}), result.get("data", {})
     notes = [f"machine: {m.get('cpu')} ({m.get('cores')} cores), GPU {m.get('gpu')} (sm {m.get('gpu_capability')}), "
@@ -308,16 +310,6 @@ def print_table(result: dict, title: str = "engine bench") -> None:
               for r in result["rows"] if r.get("fp8_kernel")]
     notes += [f"error: {r['backend']} {r['precision']} {r['device']} graphs={r['cuda_graphs']}: {r['error']}"
               for r in result["rows"] if r["error"]]
-    try:
-        from rich.console import Console
-        from rich.table import Table
-    except ImportError:
-        widths = [max(len(h), *(len(c[i]) for c in cells)) if cells else len(h) for i, h in enumerate(head)]
-        print(title)
-        for line in [head, *cells]:
-            print("  ".join(c.rjust(w) for c, w in zip(line, widths)))
-        print("\n".join(notes))
-        return
     table = Table(title=title)
     for h in head:
         left = h in ("backend", "prec", "device", "graphs", "error")

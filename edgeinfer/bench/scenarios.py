@@ -12,12 +12,12 @@ The scenario kinds follow MLPerf LoadGen's SingleStream / Server / Offline (mlco
 """
 from __future__ import annotations
 
-import dataclasses
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-BENCHMARKS_DIR = Path(__file__).resolve().parents[1] / "benchmarks"
+from edgeinfer.core.config import load, read_toml
+
+BENCHMARKS_DIR = Path(__file__).resolve().parents[2] / "benchmarks"  # the repository's benchmarks/
 
 
 @dataclass
@@ -121,33 +121,29 @@ def resolve(name_or_path: str) -> Path:
     return path
 
 
-def _make(cls, table, where: str):
-    if not isinstance(table, dict):
-        raise ValueError(f"{where}: expected a table, got {table!r}")
-    known = {f.name for f in dataclasses.fields(cls)}
-    if set(table) - known:
-        raise ValueError(f"{where}: unknown keys {sorted(set(table) - known)}; known: {sorted(known)}")
-    try:
-        return cls(**table)
-    except TypeError as e:
-        raise ValueError(f"{where}: {e}") from None
+@dataclass
+class BenchTable:
+    """The [bench] table of a scenarios file."""
+
+    repeats: int = 3  # every ruler is measured this many times and the median quoted
+    seed: int = 0  # seed of the held-out observation sample
+
+
+@dataclass
+class ScenariosFile:
+    """A scenarios file as written: [bench], [decode], [floors] and the [[replay]] tables."""
+
+    bench: BenchTable = field(default_factory=BenchTable)  # repeats and seed
+    decode: DecodeSuite = field(default_factory=DecodeSuite)  # the in-process rulers
+    floors: FloorSuite = field(default_factory=FloorSuite)  # the zmq and wake-up floors
+    replay: list[dict] = field(default_factory=list)  # one ReplayScenario per [[replay]] table
 
 
 def load_scenarios(name_or_path: str) -> Scenarios:
     """Parse a scenarios file. Raises FileNotFoundError, or ValueError naming the file and the table."""
     path = resolve(name_or_path)
-    try:
-        doc = tomllib.loads(path.read_text())
-        if set(doc) - {"bench", "decode", "floors", "replay"}:
-            raise ValueError(f"unknown tables {sorted(set(doc) - {'bench', 'decode', 'floors', 'replay'})}")
-        bench = doc.get("bench", {})
-        if set(bench) - {"repeats", "seed"}:
-            raise ValueError(f"[bench]: unknown keys {sorted(set(bench) - {'repeats', 'seed'})}")
-        return Scenarios(repeats=bench.get("repeats", 3), seed=bench.get("seed", 0),
-                         decode=_make(DecodeSuite, doc.get("decode", {}), "[decode]"),
-                         floors=_make(FloorSuite, doc.get("floors", {}), "[floors]"),
-                         replay=[_make(ReplayScenario, r, f"[[replay]] #{i + 1}")
-                                 for i, r in enumerate(doc.get("replay", []))],
-                         source=str(path))
-    except (tomllib.TOMLDecodeError, ValueError) as e:
-        raise ValueError(f"{path}: {e}") from None
+    doc = load(ScenariosFile, read_toml(path), file=path)
+    return Scenarios(repeats=doc.bench.repeats, seed=doc.bench.seed, decode=doc.decode, floors=doc.floors,
+                     replay=[load(ReplayScenario, r, f"[[replay]] #{i + 1}", file=path)
+                             for i, r in enumerate(doc.replay)],
+                     source=str(path))

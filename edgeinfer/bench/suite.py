@@ -3,7 +3,7 @@ checked in the same run. Target-only and the runtime's speculative decoding side
 
     edgeinfer bench [--log DIR ...] [--backend torch] [--scenarios default] --json out/bench.json
     edgeinfer bench --compare BASE.json [--current NEW.json]     # ratios per figure, regression verdict
-    python scripts/perf_table.py out/bench.json                  # the README's markdown table
+    python scripts/perf_table.py out/bench.json                  # the markdown table of benchmarks/results/README.md
 
 Rulers (edgeinfer.bench.decode, bench_e2e, bench_floors; scenarios from benchmarks/*.toml):
     in-process   time to first action, chunk latency, time per output token, target passes per token,
@@ -43,26 +43,23 @@ DECODES = ("target-only", "speculative")
 
 @dataclass
 class BenchConfig:
-    """log: Schunk measurement directories (default: the held-out measurement_1 under the data directory;
-    the embedded synthetic log, with a warning, when there is none). scenarios: a name in benchmarks/
-    (default, quick) or a TOML path. repeats/seed: None = the scenarios file's. json: write the result here.
-    compare: a saved result to compare against (ratios and a regression verdict); current: compare this
-    saved result instead of running a new bench. tolerance: relative change below which a figure is "same".
-    out: replay artefacts (reports, ticks.csv, process logs)."""
+    """The bench: every ruler on real logs, target-only vs speculative."""
 
+    # Schunk measurement directories (None: the held-out measurement_1 under the data directory; the embedded
+    # synthetic log, with a warning, when there is none).
     log: list[Path] | None = None
-    backend: Literal["torch", "onnxruntime", "tensorrt"] = "torch"
-    precision: Literal["fp32", "bf16", "fp8"] = "fp32"
-    device: str = "cpu"
-    threads: int = 1
-    scenarios: str = "default"
-    repeats: int | None = None
-    seed: int | None = None
-    json: Path | None = None
-    out: Path = Path("out/bench")
-    compare: Path | None = None
-    current: Path | None = None
-    tolerance: float = 0.10
+    backend: Literal["torch", "onnxruntime", "tensorrt"] = "torch"  # the engine the target runs on
+    precision: Literal["fp32", "bf16", "fp8"] = "fp32"  # the engine's precision
+    device: str = "cpu"  # the engine's device (cpu, cuda, cuda:1, ...)
+    threads: int = 1  # intra-op threads of the engine
+    scenarios: str = "default"  # a scenarios file: a name in benchmarks/ (default, quick) or a TOML path
+    repeats: int | None = None  # measurements per ruler, the median quoted (None: the scenarios file's)
+    seed: int | None = None  # seed of the held-out observation sample (None: the scenarios file's)
+    json: Path | None = None  # write the result here
+    out: Path = Path("out/bench")  # replay artefacts (reports, ticks.csv, process logs)
+    compare: Path | None = None  # a saved result to compare against (ratios and a regression verdict)
+    current: Path | None = None  # compare this saved result instead of running a new bench
+    tolerance: float = 0.10  # relative change below which a figure counts as the same (0.1 = 10 %)
 
     def __post_init__(self):
         self.out = Path(self.out)

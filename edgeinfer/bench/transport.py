@@ -19,8 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -32,10 +30,10 @@ import zmq
 from edgeinfer.bench.floors import raw_pubsub_round_trip_ns, raw_zmq_round_trip_ns
 from edgeinfer.bench.report import check_output
 from edgeinfer.core import transport
-from edgeinfer.core.config import to_argv
-from edgeinfer.core.lifecycle import PARENT_PID_ENV
 from edgeinfer.core.wire import ActionChunk, Observation, Start, Stop, encode
 from edgeinfer.node.runtime import RuntimeConfig
+from edgeinfer.procs.nodes import NodeGroup
+from edgeinfer.procs.spec import NodeSpec
 
 D = 6  # joints, as the Schunk arm
 
@@ -58,24 +56,24 @@ class NullRuntimeNode:
         self.ep.status = None
         cfg = RuntimeConfig(null_policy=True, replan_every_ticks=1, idle_timeout_s=30.0, max_obs_age_ms=None,
                             **runtime_options)
-        argv = [sys.executable, "-m", "edgeinfer", "serve", *to_argv(cfg), *to_argv(self.ep)]
-        self.log = open(log_path, "w") if log_path else tempfile.NamedTemporaryFile("w", suffix=".log")
-        self.proc = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                     env={**os.environ, PARENT_PID_ENV: str(os.getpid())})
+        self._tmp = None if log_path else tempfile.TemporaryDirectory(prefix="edgeinfer-bench-")
+        log_path = Path(log_path) if log_path else Path(self._tmp.name) / "runtime.log"
+        self.group = NodeGroup(grace_s=5.0)
+        self.proc = self.group.start(NodeSpec("serve", (cfg, self.ep), "null runtime", log_path))
         self.ctx = zmq.Context()
         self.pub = transport.pub(self.ctx, self.ep.obs, bind=True)
         self.chunks = transport.Receiver(transport.sub(self.ctx, self.ep.chunks, hwm=10_000))
         ready = transport.Receiver(transport.pull(self.ctx, self.ep.ready, bind=True))
-
-        def alive():
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"null runtime exited with code {self.proc.returncode}")
-
         try:
-            transport.wait_until_subscribed(self.pub, "bench", ready, {"runtime"}, 120.0, check=alive)
+            transport.wait_until_subscribed(self.pub, "bench", ready, {"runtime"}, 120.0,
+                                            check=self.group.check_started)
+            transport.wait_for_hello([self.chunks], 30.0)
+        except BaseException:  # a failed start leaves no runtime behind
+            self.group.close()
+            self.ctx.destroy(linger=0)
+            raise
         finally:
             ready.close()
-        transport.wait_for_hello([self.chunks], 30.0)
         transport.send(self.pub, Start(time.perf_counter_ns(), 4_000_000, 2**40))
         self.seq = 0
 
@@ -114,18 +112,15 @@ class NullRuntimeNode:
 
     def log_tail(self, chars: int = 2000) -> str:
         """The end of the runtime's log (its output goes to a file, for this)."""
-        self.log.flush()
-        return Path(self.log.name).read_text(errors="replace")[-chars:]
+        return self.proc.tail(chars)
 
     def close(self) -> None:
         transport.send(self.pub, Stop("bench done"))
-        try:
-            self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        self.group.finish([self.proc], timeout_s=10.0, term_s=0.1)  # SIGKILL, as before, when Stop was not enough
+        self.group.close()
         self.ctx.destroy(linger=0)
-        self.log.close()
+        if self._tmp is not None:
+            self._tmp.cleanup()
 
     def __enter__(self):
         return self

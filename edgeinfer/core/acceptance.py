@@ -123,6 +123,3 @@ def softmax(z: np.ndarray) -> np.ndarray:
     z = np.asarray(z, dtype=np.float64)
     e = np.exp(z - z.max(-1, keepdims=True))
     return e / e.sum(-1, keepdims=True)
-
-
-ACCEPTANCE = {"greedy": Greedy, "relaxed": Relaxed, "sampling": Sampling}

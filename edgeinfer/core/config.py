@@ -1,83 +1,167 @@
-"""Command-line options generated from the component *Config dataclasses (no hand-copied argparse).
+"""One config path: TOML files, dicts and command lines fill the component *Config dataclasses.
+
+    load(cls, data)          nested dicts (as TOML parses them) -> a checked `cls` (msgspec.convert)
+    add_options(parser, cls) one --option per leaf field, its help the field's documentation
+    build(cls, args, launch) a launch file's table overlaid with the command line's options -> `cls`
+    to_argv(cfg)             the inverse of add_options/build (configures child processes)
 
 Nested dataclass fields are flattened to one option each (`--budget-ms` fills
 ReplayConfig.runtime.scheduler.budget_ms); a name that two fields share is an error when the parser is
-built. A TOML launch file fills the same dataclasses by nesting ([runtime.scheduler] budget_ms = 12);
-options on the command line override it.
+built. A TOML file fills the same dataclasses by nesting ([runtime.scheduler] budget_ms = 12); options on
+the command line override it.
+
+A field's documentation is its comment: the `#` comment at the end of its line, else the comment lines
+directly above it (the convention of draccus, LeRobot's config library). `--help` shows its first sentence.
 """
 from __future__ import annotations
 
 import argparse
+import ast
 import copy
 import dataclasses
+import functools
+import inspect
+import io
+import re
+import textwrap
+import tokenize
 import tomllib
 import types
 import typing
 from pathlib import Path
 from typing import Any
 
-LAUNCH_SECTIONS = ("replay", "serve", "control", "train")  # one table per edgeinfer command
+import msgspec
+
+from edgeinfer.core.commands import CONFIG_TABLES
+
+LAUNCH_SECTIONS = CONFIG_TABLES  # one table per edgeinfer command with options (core.commands)
 
 
-def _leaves(cls, path=()) -> list[tuple[tuple[str, ...], Any, Any]]:
-    """(dotted path, type, default) for every non-dataclass field, depth first."""
-    hints = typing.get_type_hints(cls)
-    out = []
-    for f in dataclasses.fields(cls):
-        tp = hints[f.name]
-        if dataclasses.is_dataclass(tp):
-            out += _leaves(tp, path + (f.name,))
-        else:
-            if f.default is not dataclasses.MISSING:
-                default = f.default
-            elif f.default_factory is not dataclasses.MISSING:
-                default = f.default_factory()
-            else:
-                default = "required"
-            out.append((path + (f.name,), tp, default))
-    return out
+# ---------------------------------------------------------------------------------------------------- loading
+
+def read_toml(path: Path) -> dict:
+    """The TOML document at `path`. Raises ValueError naming the file for invalid TOML; FileNotFoundError."""
+    with open(path, "rb") as fh:
+        try:
+            return tomllib.load(fh)
+        except tomllib.TOMLDecodeError as e:
+            raise ValueError(f"{path}: {e}") from None
 
 
-def _scalar(tp):
-    """(converter, nargs, choices) for an annotation: Optional[X] -> X, list[float] -> float with nargs '+',
-    Literal[...] -> str with choices."""
+def load(cls, data: Any, where: str | None = None, base_dir: Path | None = None, file: str | Path | None = None):
+    """An instance of dataclass `cls` filled from `data` (nested dicts and lists, as TOML parses them).
+
+    Values are checked against the annotations (int is accepted for float, nothing else is converted; a str
+    fills a Path field, relative to `base_dir` when given: the folder of the file it came from), then by each
+    dataclass's __post_init__. Raises ValueError naming `file` (when given) and the dotted key (`where`
+    first: by default the class name, or nothing when a file is named: `ReplayConfig.runtime.scheduler.budget_ms:
+    expected float, got str '16'`, `spec.toml: action.name: missing`) for an unknown key, a missing required one, a
+    value of the wrong type, or one that __post_init__ rejects.
+    """
+    if where is None:
+        where = "" if file is not None else cls.__name__
+    try:
+        return _load(cls, data, where, base_dir)
+    except ValueError as e:
+        raise ValueError(f"{file}: {e}" if file is not None else str(e)) from None
+
+
+def _load(cls, data, where: str, base_dir: Path | None):
+    _refuse_unknown(cls, data, where)
+
+    def dec_hook(tp, obj):
+        if tp is Path and isinstance(obj, (str, Path)):
+            relative = base_dir is not None and isinstance(obj, str) and not Path(obj).is_absolute()
+            return (base_dir / obj).resolve() if relative else Path(obj)
+        raise TypeError(f"Expected `{getattr(tp, '__name__', tp)}`, got `{type(obj).__name__}`")
+
+    try:
+        return msgspec.convert(data, cls, strict=True, dec_hook=dec_hook)
+    except msgspec.ValidationError as e:
+        raise ValueError(_explain(str(e), cls, data, where)) from None
+
+
+def _join(where: str, key: str) -> str:
+    return f"{where}{key}" if key.startswith("[") else (f"{where}.{key}" if where else key)
+
+
+def _at(where: str, msg: str) -> str:
+    return f"{where}: {msg}" if where else msg
+
+
+def _unwrap(tp) -> list:
+    """The alternatives of a Union/Optional annotation (the annotation itself otherwise)."""
     if typing.get_origin(tp) in (typing.Union, types.UnionType):
-        tp = next(a for a in typing.get_args(tp) if a is not type(None))
-    if typing.get_origin(tp) is typing.Literal:
-        return str, None, list(typing.get_args(tp))
-    if typing.get_origin(tp) is list:
-        return typing.get_args(tp)[0], "+", None
-    if tp is bool:
-        return lambda s: s.lower() in ("1", "true", "yes"), None, None
-    return tp, None, None
+        return [a for a in typing.get_args(tp) if a is not type(None)]
+    return [tp]
 
 
-def add_options(parser: argparse.ArgumentParser, *classes) -> None:
-    """One --option per leaf field of `classes` (nested dataclasses flattened). Raises ValueError when two
-    fields would share an option name."""
-    seen: dict[str, tuple] = {}
-    for cls in classes:
-        for path, tp, default in _leaves(cls):
-            name = path[-1]
-            if name in seen:
-                raise ValueError(f"option --{name} is ambiguous: {seen[name]} and {path}")
-            seen[name] = path
-            conv, nargs, choices = _scalar(tp)
-            required = default == "required"
-            parser.add_argument("--" + name.replace("_", "-"), dest=".".join(path), type=conv, nargs=nargs,
-                                choices=choices, required=required, metavar=name.upper(),
-                                default=argparse.SUPPRESS, help="(required)" if required else f"(default: {default})")
+def _refuse_unknown(tp, value, where: str) -> None:
+    """msgspec ignores unknown keys of a dataclass (forbid_unknown_fields is for Structs): refuse them here."""
+    for alt in _unwrap(tp):
+        if dataclasses.is_dataclass(alt) and isinstance(value, dict):
+            hints = typing.get_type_hints(alt)
+            names = sorted(f.name for f in dataclasses.fields(alt) if f.init)
+            if unknown := sorted(set(value) - set(names), key=str):
+                raise ValueError(_at(where, f"unknown keys {unknown}; known: {names}"))
+            for k, v in value.items():
+                _refuse_unknown(hints[k], v, _join(where, k))
+        elif typing.get_origin(alt) is list and isinstance(value, list):
+            for i, v in enumerate(value):
+                _refuse_unknown(typing.get_args(alt)[0], v, f"{where}[{i}]")
+        elif typing.get_origin(alt) is dict and len(typing.get_args(alt)) == 2 and isinstance(value, dict):
+            for k, v in value.items():
+                _refuse_unknown(typing.get_args(alt)[1], v, _join(where, str(k)))
+
+
+_AT = re.compile(r"^(?P<msg>.*?)(?: - at `\$(?P<path>.*)`)?$", re.S)
+_PATH_PART = re.compile(r"\.([^.\[]+)|\[(\d+)\]")
+
+
+def _explain(text: str, cls, data, where: str) -> str:
+    """msgspec's `Expected `float`, got `str` - at `$.a.b`` as `where.a.b: expected float, got str '16'`."""
+    m = _AT.match(text)
+    msg, path = m["msg"], m["path"] or ""
+    parts = [k if k else int(i) for k, i in _PATH_PART.findall(path)]
+    at = where
+    for p in parts:
+        at = _join(at, f"[{p}]" if isinstance(p, int) else p)
+    value, tp = data, cls
+    for p in parts:  # the offending value and its annotation, for the message
+        value = value[p] if isinstance(value, (dict, list)) else None
+        tp = _child_type(tp, p)
+    if missing := re.match(r"Object missing required field `(.*)`", msg):
+        return _at(_join(at, missing[1]), "missing")
+    if got := re.match(r"Expected `(.*?)`, got `(.*?)`", msg):
+        wanted = {"object": "a table", "array": "a list"}.get(got[1], got[1])
+        return _at(at, f"expected {wanted}, got {type(value).__name__} {value!r}")
+    if msg.startswith("Invalid enum value"):
+        choices = [a for alt in _unwrap(tp) if typing.get_origin(alt) is typing.Literal for a in typing.get_args(alt)]
+        return _at(at, f"expected one of {choices}, got {value!r}")
+    return _at(at, msg) if at != where else msg  # __post_init__'s own message names its class and field
+
+
+def _child_type(tp, part):
+    for alt in _unwrap(tp):
+        if dataclasses.is_dataclass(alt) and isinstance(part, str):
+            return typing.get_type_hints(alt).get(part)
+        if typing.get_origin(alt) is list and isinstance(part, int):
+            return typing.get_args(alt)[0]
+        if typing.get_origin(alt) is dict and len(typing.get_args(alt)) == 2:
+            return typing.get_args(alt)[1]
+    return None
 
 
 def build(cls, args: argparse.Namespace, launch: dict | None = None, base_dir: Path | None = None):
-    """Instantiate `cls` from launch-file values overlaid with command-line values.
+    """Instantiate `cls` from launch-file values overlaid with command-line values (see `load`).
 
-    Relative paths from the launch file resolve against `base_dir` (the launch file's folder). Raises
-    ValueError naming the dotted key for an unknown key or a value of the wrong type.
+    Relative paths from the launch file resolve against `base_dir` (the launch file's folder); those given
+    on the command line stay relative to the working directory. Raises ValueError naming the dotted key.
     """
     names = {f.name for f in dataclasses.fields(cls)}
     values = {k: v for k, v in vars(args).items() if k.split(".")[0] in names}
-    return _from_dict(cls, _overlay(launch or {}, values), cls.__name__, base_dir)
+    return load(cls, _overlay(launch or {}, values), base_dir=base_dir)
 
 
 def _overlay(base: dict, dotted: dict) -> dict:
@@ -87,55 +171,11 @@ def _overlay(base: dict, dotted: dict) -> dict:
         *parents, leaf = key.split(".")
         for p in parents:
             node = node.setdefault(p, {})
-        node[leaf] = value
-    return out
-
-
-def _is_bool(tp) -> bool:
-    return tp is bool or bool in typing.get_args(tp)
-
-
-def _check_type(where: str, tp, value, base_dir: Path | None):
-    """The value converted to the field's type (str -> Path), or ValueError naming the field."""
-    if value is None:
-        if type(None) in typing.get_args(tp):
-            return None
-        raise ValueError(f"{where}: must not be empty")
-    inner, nargs, choices = _scalar(tp)
-    items = value if nargs else [value]
-    if nargs and not isinstance(value, list):
-        raise ValueError(f"{where}: expected a list, got {value!r}")
-    out = []
-    for v in items:
-        if isinstance(v, bool) and _is_bool(tp):
-            pass
-        elif inner is float and type(v) in (int, float):
-            v = float(v)
-        elif inner is Path and isinstance(v, (str, Path)):
-            relative_to_launch = base_dir is not None and isinstance(v, str) and not Path(v).is_absolute()
-            v = (base_dir / v).resolve() if relative_to_launch else Path(v)
-        elif not (isinstance(inner, type) and type(v) is inner) and not (choices and isinstance(v, str)):
-            raise ValueError(f"{where}: expected {getattr(inner, '__name__', inner)}, got {v!r}")
-        out.append(v)
-    return out if nargs else out[0]
-
-
-def _from_dict(cls, d: dict, where: str, base_dir: Path | None = None):
-    hints = typing.get_type_hints(cls)
-    names = {f.name for f in dataclasses.fields(cls)}
-    unknown = set(d) - names
-    if unknown:
-        raise ValueError(f"{where}: unknown keys {sorted(unknown)}; known: {sorted(names)}")
-    kwargs = {}
-    for k, v in d.items():
-        at = f"{where}.{k}"
-        if dataclasses.is_dataclass(hints[k]):
-            if not isinstance(v, dict):
-                raise ValueError(f"{at}: expected a table, got {v!r}")
-            kwargs[k] = _from_dict(hints[k], v, at, base_dir)
+            if not isinstance(node, dict):
+                break  # the file's value is not a table: load() names it
         else:
-            kwargs[k] = _check_type(at, hints[k], v, base_dir)
-    return cls(**kwargs)
+            node[leaf] = value
+    return out
 
 
 def load_launch(path: Path | None, section: str) -> dict:
@@ -143,11 +183,7 @@ def load_launch(path: Path | None, section: str) -> dict:
     invalid TOML or a top-level table that is not an edgeinfer command (a typo would silently run defaults)."""
     if path is None:
         return {}
-    try:
-        with open(path, "rb") as fh:
-            doc = tomllib.load(fh)
-    except tomllib.TOMLDecodeError as e:
-        raise ValueError(f"{path}: {e}") from None
+    doc = read_toml(path)
     if set(doc) - set(LAUNCH_SECTIONS):
         raise ValueError(f"{path}: unknown table(s) {sorted(set(doc) - set(LAUNCH_SECTIONS))}; "
                          f"expected one of {list(LAUNCH_SECTIONS)}")
@@ -165,3 +201,136 @@ def to_argv(obj) -> list[str]:
             argv.append("--" + f.name.replace("_", "-"))
             argv += [str(v) for v in value] if isinstance(value, list) else [str(value)]
     return argv
+
+
+# ------------------------------------------------------------------------------------------- documentation
+
+@functools.cache
+def field_docs(cls) -> dict[str, str]:
+    """{field name: its documentation} for dataclass `cls` (inherited fields documented where they are
+    defined): the comment at the end of the field's line(s), else the comment lines directly above it."""
+    docs: dict[str, str] = {}
+    for klass in reversed(cls.__mro__):
+        if klass is object or not dataclasses.is_dataclass(klass):
+            continue
+        try:
+            src = textwrap.dedent(inspect.getsource(klass))
+        except (OSError, TypeError):
+            continue
+        lines = src.splitlines()
+        comments = {t.start[0]: t.string.lstrip("#").strip()
+                    for t in tokenize.generate_tokens(io.StringIO(src).readline) if t.type == tokenize.COMMENT}
+        comments = {n: c for n, c in comments.items() if not c.startswith(("noqa", "type:"))}
+        for node in ast.parse(src).body[0].body:
+            if not (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)):
+                continue
+            text = [comments[n] for n in range(node.lineno, node.end_lineno + 1) if n in comments]
+            n = node.lineno - 1
+            while not text and n in comments and lines[n - 1].lstrip().startswith("#"):
+                n -= 1
+            if not text:
+                text = [comments[i] for i in range(n + 1, node.lineno)]
+            if text:
+                docs[node.target.id] = " ".join(text)
+    return docs
+
+
+def first_sentence(text: str) -> str:
+    """The first sentence of a field's documentation (what `--help` shows on one line): up to the first
+    `. ` or `; ` outside parentheses, not after `e.g.` or `i.e.`."""
+    depth = 0
+    for i, ch in enumerate(text):
+        depth += {"(": 1, ")": -1, "[": 1, "]": -1}.get(ch, 0)
+        if (depth == 0 and ch in ".;" and text[i + 1:i + 2] in (" ", "") and text[i - 1:i] != "."
+                and not text[:i + 1].endswith(("e.g.", "i.e."))):
+            return text[:i]
+    return text
+
+
+# --------------------------------------------------------------------------------------------- command line
+
+def _leaves(cls, path=()) -> list[tuple[tuple[str, ...], Any, Any, str, type]]:
+    """(dotted path, type, default, documentation, owning class) for every non-dataclass field, depth first."""
+    hints = typing.get_type_hints(cls)
+    docs = field_docs(cls)
+    out = []
+    for f in dataclasses.fields(cls):
+        tp = hints[f.name]
+        if dataclasses.is_dataclass(tp):
+            out += _leaves(tp, path + (f.name,))
+        else:
+            if f.default is not dataclasses.MISSING:
+                default = f.default
+            elif f.default_factory is not dataclasses.MISSING:
+                default = f.default_factory()
+            else:
+                default = "required"
+            out.append((path + (f.name,), tp, default, docs.get(f.name, ""), cls))
+    return out
+
+
+def _scalar(tp):
+    """(converter, nargs, choices) for an annotation: Optional[X] -> X, list[float] -> float with nargs '+',
+    Literal[...] -> str with choices."""
+    tp = _unwrap(tp)[0]
+    if typing.get_origin(tp) is typing.Literal:
+        return str, None, list(typing.get_args(tp))
+    if typing.get_origin(tp) is list:
+        return typing.get_args(tp)[0], "+", None
+    if tp is bool:
+        return lambda s: s.lower() in ("1", "true", "yes"), None, None
+    return tp, None, None
+
+
+def option_help(doc: str, default) -> str:
+    """An option's one-line help: the first sentence of its field's documentation and the default (None, the
+    field unset, goes without saying: the documentation says what it means)."""
+    text = first_sentence(doc)[:1].upper() + first_sentence(doc)[1:] if doc else ""
+    tail = "(required)" if default == "required" else ("" if default is None else f"(default: {default})")
+    return f"{text} {tail}".strip().replace("%", "%%")
+
+
+_METAVARS = {float: "FLOAT", int: "INT", str: "STR", Path: "PATH"}
+
+
+class HelpFormatter(argparse.HelpFormatter):
+    """Help on the option's line where it fits, and a usage line that lists the hand-written arguments only
+    (a command's generated options, dozens of them, are listed with their help below it)."""
+
+    def __init__(self, prog: str):
+        super().__init__(prog, max_help_position=32)
+
+    def add_usage(self, usage, actions, groups, prefix=None):
+        kept = [a for a in actions if not getattr(a, "generated", False)]
+        if usage is None and len(kept) < len(actions):
+            more = argparse.Action(["--OPTION"], "more", metavar="VALUE")
+            kept = [a for a in kept if a.option_strings] + [more] + [a for a in kept if not a.option_strings]
+        super().add_usage(usage, kept, [], prefix)
+
+
+def add_options(parser: argparse.ArgumentParser, *classes) -> None:
+    """One --option per leaf field of `classes` (nested dataclasses flattened), grouped by the dataclass
+    that defines it, its help that field's documentation. Raises ValueError when two fields would share an
+    option name."""
+    seen: dict[str, tuple] = {}
+    groups: dict[tuple, argparse._ArgumentGroup] = {}
+    for cls in classes:
+        for path, tp, default, doc, owner in _leaves(cls):
+            name = path[-1]
+            if name in seen:
+                raise ValueError(f"option --{name} is ambiguous: {seen[name]} and {path}")
+            seen[name] = path
+            key = (cls, path[:-1])
+            if key not in groups:
+                title = ".".join(path[:-1]) or cls.__name__
+                summary = (inspect.getdoc(owner) or "").split("\n")[0] if path[:-1] else ""
+                groups[key] = parser.add_argument_group(f"{title} ({owner.__name__})" if path[:-1] else title,
+                                                        summary or None)
+            conv, nargs, choices = _scalar(tp)
+            metavar = None if choices else ("BOOL" if conv not in _METAVARS else _METAVARS[conv])
+            action = groups[key].add_argument("--" + name.replace("_", "-"), dest=".".join(path), type=conv,
+                                              nargs=nargs, choices=choices, required=default == "required",
+                                              metavar=metavar, default=argparse.SUPPRESS,
+                                              help=option_help(doc, default))
+            action.generated = True
+    parser.formatter_class = HelpFormatter

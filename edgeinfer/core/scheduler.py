@@ -24,13 +24,12 @@ from edgeinfer.core.adaptive import SpeculationChooser
 
 @dataclass
 class SchedulerConfig:
-    """budget_ms: from the observation being taken to its chunk being published. k_max: drafts per target pass
-    (0 = target-only). quantile: cost estimate used for planning. window: samples kept per operation."""
+    """The deadline planner: how many tokens each chunk may verify within its budget."""
 
-    budget_ms: float = 20.0
-    k_max: int = 16
-    quantile: float = 0.99
-    window: int = 256
+    budget_ms: float = 20.0  # from the observation being taken to its chunk being published, ms
+    k_max: int = 16  # drafts per target pass, the most the planner may choose (0 = target-only)
+    quantile: float = 0.99  # quantile of the measured operation costs the plan is built on
+    window: int = 256  # cost samples kept per operation (the rolling window of the quantile)
     margin_ms: float = 0.5  # kept free at the end of the budget for encoding and publishing the chunk
     adaptive: bool = True  # choose k per chunk for tokens/s (k_max is then the most it may choose)
     probe_every: int = 32  # adaptive: chunks between probes of k = 1 while speculation is off

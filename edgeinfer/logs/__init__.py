@@ -21,7 +21,6 @@ from typing import Literal
 from edgeinfer.logs.arm_log import ArmLog, LogError, read_schunk
 from edgeinfer.logs.samples import check_on_error
 
-LogFormat = Literal["schunk", "csv", "mcap", "rosbag2", "rosbag1", "lerobot"]
 FORMATS: tuple[str, ...] = ("schunk", "csv", "mcap", "rosbag2", "rosbag1", "lerobot")
 
 # format -> (module, function, options it accepts besides path and on_error)

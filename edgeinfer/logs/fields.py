@@ -43,3 +43,14 @@ def joint_values(msg: Any, q_field: str, qd_field: str) -> tuple[Any, Any]:
     if qd is not None and len(qd) == 0:
         qd = None
     return q, qd
+
+
+def add_joint_state(rec, index: int, msg: Any, log_time_ns: int, q_field: str, qd_field: str,
+                    time_source: TimeSource) -> bool:
+    """Add one JointState-like message to `rec` (a samples.Records) as record `index`. False when reading must
+    stop: the message has no `q_field` (recorded as the bad record), or `rec` refused the record."""
+    q, qd = joint_values(msg, q_field, qd_field)
+    if q is None:
+        rec.fail(index, f"no field {q_field!r}")
+        return False
+    return rec.add(record_time_ns(msg, log_time_ns, time_source), q, qd)

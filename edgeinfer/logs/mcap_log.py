@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 
 from edgeinfer.logs.arm_log import ArmLog, LogError
-from edgeinfer.logs.fields import JOINT_STATE, TimeSource, joint_values, record_time_ns
+from edgeinfer.logs.fields import JOINT_STATE, TimeSource, add_joint_state
 from edgeinfer.logs.samples import OnError, Records
 
 
@@ -75,11 +75,7 @@ def read_mcap_log(path: str | Path, topic: str | None = None, q_field: str = "po
             except Exception as e:  # a decoder error is a corrupt message, not a crash
                 rec.fail(index, f"cannot decode ({type(e).__name__}: {e})")
                 break
-            q, qd = joint_values(msg, q_field, qd_field)
-            if q is None:
-                rec.fail(index, f"no field {q_field!r}")
-                break
-            if not rec.add(record_time_ns(msg, message.log_time, time_source), q, qd):
+            if not add_joint_state(rec, index, msg, message.log_time, q_field, qd_field, time_source):
                 break
     if len(rec) == 0 and rec.bad_record is None:
         raise LogError(f"{path}: no messages on topic {topic or 'of type ' + JOINT_STATE}; topics: {sorted(seen)}")

@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from edgeinfer.logs.arm_log import ArmLog, LogError
-from edgeinfer.logs.fields import JOINT_STATE, TimeSource, joint_values, record_time_ns
+from edgeinfer.logs.fields import JOINT_STATE, TimeSource, add_joint_state
 from edgeinfer.logs.samples import OnError, Records
 
 
@@ -78,11 +78,7 @@ def read_rosbag_log(path: str | Path, topic: str | None = None, q_field: str = "
             except Exception as e:
                 rec.fail(index, f"cannot decode {conn.msgtype} ({type(e).__name__}: {e})")
                 break
-            q, qd = joint_values(msg, q_field, qd_field)
-            if q is None:
-                rec.fail(index, f"no field {q_field!r}")
-                break
-            if not rec.add(record_time_ns(msg, t_log_ns, time_source), q, qd):
+            if not add_joint_state(rec, index, msg, t_log_ns, q_field, qd_field, time_source):
                 break
     finally:
         reader.close()

@@ -7,9 +7,13 @@ for the policy:
 
     step(t_ns, obs)   every replan_every_ticks ticks, hand obs to the decoder (latest-only: an observation
                       still waiting when a newer one arrives is dropped and counted)
-                      -> the newest chunk that covers t_ns, interpolated (control/buffer.py)
-                      -> clamped to the safety limits from the last command (control/safety.py)
-                      -> JointCommand; with no chunk covering t_ns, the last command is held (rung "hold")
+                      -> control/command.py, the control loop's own command path: the newest chunk that covers
+                         t_ns, interpolated, or a hold at the last command (else the last finite observation);
+                         clamped to the safety limits from the last command
+                      -> JointCommand (None before there is any state to command: no_state)
+
+An observation with a NaN or inf in it is refused, as the control loop's wire decoder refuses it (obs_nonfinite):
+it is neither decoded nor held at.
 
 Times are on the host's monotonic clock (edgeinfer.core.clock.now_ns); the observation's t_ns is when it was
 taken. torch and onnxruntime release the GIL while they compute, so the caller's thread keeps its rate.
@@ -22,43 +26,40 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from edgeinfer.control.buffer import ChunkBuffer
-from edgeinfer.control.safety import SafetyLimits
+from edgeinfer.control.command import CommandCounters, command
+from edgeinfer.control.safety import CommandConfig
 from edgeinfer.core.clock import now_ns
 from edgeinfer.core.wire import ActionChunk, JointCommand, Observation
 from edgeinfer.node.runtime import PolicyRuntime, RuntimeConfig
 
 
 @dataclass
-class ControllerConfig:
-    """period_ms: the caller's control period (the policy's chunk step is stride_ticks of it: 4 ms x 5 for the
-    Schunk policy at 250 Hz). warmup: decode warm-up chunks before the first step (time to first command).
-    blend_ms: cross-fade from the previous chunk's targets to a new chunk's (control/buffer.py; 0: switch at once)."""
+class ControllerConfig(CommandConfig):
+    """The embedded controller: the runtime it runs and the caller's tick; blend_ms and the safety limits
+    (CommandConfig) are those of every controller."""
 
-    runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
-    limits: SafetyLimits = field(default_factory=SafetyLimits)
+    runtime: RuntimeConfig = field(default_factory=RuntimeConfig)  # the runtime run on the decoder thread
+    # The caller's control period, ms (the policy's chunk step is stride_ticks of it: 4 ms x 5 for the Schunk
+    # policy at 250 Hz).
     period_ms: float = 4.0
-    warmup: bool = True
-    blend_ms: float = 10.0
+    warmup: bool = True  # decode warm-up chunks in open(), before the first step (time to first command)
 
     def __post_init__(self):
+        super().__post_init__()
         if not 0.1 <= self.period_ms <= 1000:
             raise ValueError(f"ControllerConfig.period_ms must be in [0.1, 1000], got {self.period_ms}")
-        if not 0 <= self.blend_ms <= 1000:
-            raise ValueError(f"ControllerConfig.blend_ms must be in [0, 1000], got {self.blend_ms}")
 
 
 @dataclass
-class ControllerStats:
-    """Counters since open(): ticks commanded, holds (no chunk covered the tick), clamped commands, chunks
-    decoded, observations dropped (a newer one replaced them before the decoder was free), decoder errors."""
+class ControllerStats(CommandCounters):
+    """Counters since open(): the command path's, shared with the control loop (control/command.py: ticks,
+    holds, no_state, clamped, nonfinite_targets, rungs), then chunks decoded, observations dropped (a newer one
+    replaced them before the decoder was free), observations refused for a non-finite value, decoder errors."""
 
-    ticks: int = 0
-    holds: int = 0
-    clamped: int = 0
     chunks: int = 0
     obs_dropped: int = 0
+    obs_nonfinite: int = 0
     decoder_errors: int = 0
-    rungs: dict = field(default_factory=dict)
 
 
 class Controller:
@@ -69,8 +70,10 @@ class Controller:
         self.stats = ControllerStats()
         self.buffer = ChunkBuffer(blend_ns=int(self.cfg.blend_ms * 1e6))
         self.last_q: np.ndarray | None = None
+        self.last_obs: Observation | None = None  # the newest finite observation
         self.last_error: str | None = None
         self._ticks = 0
+        self._replan_due = True
         self._pending: Observation | None = None
         self._wake = threading.Condition()
         self._closing = False
@@ -85,33 +88,41 @@ class Controller:
         self._worker.start()
         return self
 
-    def step(self, t_ns: int, obs: Observation) -> JointCommand:
+    def step(self, t_ns: int, obs: Observation | None) -> JointCommand | None:
         """The command for the tick at t_ns (monotonic ns) given the newest observation `obs` (q_rad (D,)
-        float64 rad). Returns at once; never raises for a late or failing policy (it holds instead).
-        Raises ValueError when obs has the wrong number of joints."""
-        if len(obs.q_rad) != self.runtime.policy.cfg.n_joints:
+        float64 rad; None: no new one this tick). Returns at once; never raises for a late or failing policy (it
+        holds instead). Returns None when there is nothing safe to command yet (no chunk, no command and no
+        finite observation so far; counted in no_state). Raises ValueError when obs has the wrong number of
+        joints."""
+        if obs is not None and len(obs.q_rad) != self.runtime.policy.cfg.n_joints:
             raise ValueError(f"Controller.step: observation has {len(obs.q_rad)} joints, the policy expects "
                              f"{self.runtime.policy.cfg.n_joints}")
-        if self._ticks % self.replan_every == 0:
+        fresh = obs is not None and self._accept(obs)
+        self._replan_due |= self._ticks % self.replan_every == 0
+        if fresh and self._replan_due:  # a refused observation is not planned from: the next finite one is
+            self._replan_due = False
             with self._wake:
                 self.stats.obs_dropped += self._pending is not None
                 self._pending = obs
                 self._wake.notify()
-        self._ticks += 1
-        with self._wake:
-            sample = self.buffer.sample(t_ns)
-        if sample is None:  # nothing covers this tick: hold the last command (or the measured position)
-            q, rung, chunk_seq = (self.last_q if self.last_q is not None else obs.q_rad), "hold", -1
-            self.stats.holds += 1
-        else:
-            q, rung, chunk_seq = sample
-        reference = self.last_q if self.last_q is not None else obs.q_rad
-        q, clamped = self.cfg.limits.clamp(q, reference, self.cfg.period_ms / 1e3)
-        self.stats.clamped += clamped
-        self.stats.ticks += 1
-        self.stats.rungs[rung] = self.stats.rungs.get(rung, 0) + 1
-        self.last_q = q
-        return JointCommand(self._ticks - 1, obs.seq, chunk_seq, now_ns(), q, rung)
+        n, self._ticks = self._ticks, self._ticks + 1
+        measured = self.last_obs.q_rad if self.last_obs is not None else None
+        with self._wake:  # the decoder thread pushes into the buffer
+            cmd = command(self.buffer, t_ns, self.last_q, measured, self.cfg.limits, self.cfg.period_ms / 1e3,
+                          self.stats)
+        if cmd is None:
+            return None
+        self.last_q = cmd.q_rad
+        obs_seq = self.last_obs.seq if self.last_obs is not None else -1
+        return JointCommand(n, obs_seq, cmd.chunk_obs_seq, now_ns(), cmd.q_rad, cmd.rung)
+
+    def _accept(self, obs: Observation) -> bool:
+        """Keep obs as the newest observation unless a value in it is non-finite (the wire refuses those)."""
+        if not all(np.all(np.isfinite(a)) for a in (obs.q_rad, obs.qd_rad_s, obs.q_prev_rad)):
+            self.stats.obs_nonfinite += 1
+            return False
+        self.last_obs = obs
+        return True
 
     def _decode_loop(self) -> None:
         while True:

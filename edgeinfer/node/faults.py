@@ -16,10 +16,11 @@ from edgeinfer.core.wire import ActionChunk
 
 @dataclass
 class FaultConfig:
-    """fault_pass_delay_ms: every target pass (prefill included) takes this much longer (a slowed engine).
-    fault_nonfinite_every: every Nth chunk the policy's actions are NaN (odd N-th) or +inf (even); 0 = off."""
+    """Fault injection inside the runtime (off by default)."""
 
+    # Every target pass (prefill included) takes this much longer, ms (a slowed engine).
     fault_pass_delay_ms: float = 0.0
+    # Every Nth chunk the policy's actions are NaN (odd N-th) or +inf (even); 0 = off.
     fault_nonfinite_every: int = 0
 
     def __post_init__(self):

@@ -31,7 +31,7 @@ from edgeinfer.core.lifecycle import PARENT_PID_ENV
 
 # everything a node imports: the command line, both nodes, and torch through the engines (the command line
 # imports a command's modules only when it runs)
-PRELOAD = "edgeinfer.cli,edgeinfer.node.runtime,edgeinfer.control.loop,edgeinfer.engines.build"
+PRELOAD = "edgeinfer.cli,edgeinfer.node.serve,edgeinfer.control.loop,edgeinfer.engines.build"
 # what a forked node runs: the program `python -m edgeinfer` runs, named rather than imported here, as an exec
 # names its program (this layer sits below the command line and must not import it)
 ENTRY_POINT = "edgeinfer.cli:main"

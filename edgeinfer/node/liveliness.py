@@ -1,0 +1,54 @@
+"""The runtime node's liveliness beside its loop (edgeinfer.core.liveliness): its own Heartbeat, the control
+loop's lease, and its parent process.
+
+- A Beacon thread publishes the runtime's Heartbeat every runtime_heartbeat_ms (and the Stats when due) on the
+  chunk PUB, so a node busy decoding still beats; the Heartbeat names the control loop it hears.
+- The control loop's Heartbeats on the status SUB feed its Lease (poll() once per loop iteration).
+- ParentWatch: the handshake gives up when the process that started this one is gone.
+"""
+from __future__ import annotations
+
+import sys
+
+from edgeinfer.core.lifecycle import ParentWatch
+from edgeinfer.core.liveliness import Beacon, Lease
+from edgeinfer.core.wire import Heartbeat, Start
+from edgeinfer.node.telemetry import NodeTelemetry
+
+
+class RuntimeLiveliness:
+    """Lifecycle: start() -> poll() per loop iteration -> stop(). out: the chunk PUB (a transport.LockedSender).
+    status_rx: the control loop's status SUB (None: no status endpoint, the control loop stays unheard). parent:
+    the watch made when the process started (its parent may die while the policy loads)."""
+
+    def __init__(self, out, heartbeat_ms: float, lease_ms: float, status_rx, telemetry: NodeTelemetry,
+                 parent: ParentWatch):
+        self.parent = parent
+        self.status_rx = status_rx
+        self.control = Lease("control", int(lease_ms * 1e6))
+        self.beacon = Beacon(out, "runtime", heartbeat_ms, lease_ms, self.control, telemetry.telemetry,
+                             telemetry.refresh)
+        self._heartbeat_ms = heartbeat_ms
+
+    def start(self) -> None:
+        # the beacon thread must get the GIL within a fraction of the lease while the main thread decodes
+        # (CPython's default switch interval is 5 ms)
+        sys.setswitchinterval(min(sys.getswitchinterval(), self._heartbeat_ms / 2000))
+        self.beacon.start()
+
+    def schedule(self, start: Start) -> None:
+        """Repeat the run's schedule in every Heartbeat from now on (a restarted peer learns it from there)."""
+        self.beacon.schedule = start
+
+    def poll(self, t_ns: int) -> None:
+        """Take the control loop's pending Heartbeats, and expire its lease when due."""
+        if self.status_rx is None:
+            return
+        for msg in self.status_rx.drain():
+            if isinstance(msg, Heartbeat):
+                self.control.beat(msg, t_ns)
+        self.control.check(t_ns)
+
+    def stop(self) -> None:
+        """Stop beating (before the socket the beacon shares closes). Idempotent."""
+        self.beacon.stop()
