@@ -29,8 +29,6 @@ import glob
 import itertools
 import json
 import os
-import subprocess
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,6 +37,8 @@ from rich.console import Console
 from rich.table import Table
 
 from edgeinfer.core.config import load, read_toml, to_argv
+from edgeinfer.procs.nodes import run_to_exit
+from edgeinfer.procs.spec import NodeSpec
 
 CSV_COLUMNS = ("run", "log", "config", "status", "latency_p50_ms", "latency_p50_ci95_lo", "latency_p50_ci95_hi",
                "latency_p99_ms", "latency_p99_ci95_lo", "latency_p99_ci95_hi", "miss_rate", "miss_rate_upper95",
@@ -176,19 +176,14 @@ def plan(path: Path, out: Path | None = None) -> tuple[list[Run], Path]:
 
 
 def run_replay(argv: list[str], out: str, timeout_s: float) -> dict:
-    """One `edgeinfer replay ARGV` child process (stdout and stderr to OUT/replay.log). Returns {"returncode"
-    (None: timed out), "report" (OUT/report.json, or None), "error" (None when it exited 0: else the CLI's error
-    line or the log's tail), "wall_s"}. The body of each Ray task; never raises for a failed replay."""
+    """One `edgeinfer replay ARGV` node (procs.nodes.run_to_exit; stdout and stderr to OUT/replay.log). Returns
+    {"returncode" (None: timed out), "report" (OUT/report.json, or None), "error" (None when it exited 0: else the
+    CLI's error line or the log's tail), "wall_s"}. The body of each Ray task; never raises for a failed replay."""
     out_dir = Path(out)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "report.json").unlink(missing_ok=True)  # a report left by an earlier sweep must not pass for this one
     t0 = time.monotonic()
-    with open(out_dir / "replay.log", "w") as fh:
-        try:
-            code = subprocess.run([sys.executable, "-m", "edgeinfer", "replay", *argv], stdout=fh,
-                                  stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, timeout=timeout_s).returncode
-        except subprocess.TimeoutExpired:  # subprocess.run has killed it; its children exit with their parent
-            code = None
+    code = run_to_exit(NodeSpec("replay", options=argv, log=out_dir / "replay.log"), timeout_s)
     report_path = out_dir / "report.json"
     report = json.loads(report_path.read_text()) if report_path.exists() else None
     error = None

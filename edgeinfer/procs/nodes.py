@@ -107,6 +107,17 @@ def spawn(spec: NodeSpec) -> Node:
     return Node(spec, proc)
 
 
+def run_to_exit(spec: NodeSpec, timeout_s: float) -> int | None:
+    """Start one task node and wait for it to exit: its exit code, or None when it ran past timeout_s (then it
+    and its descendants are torn down, SIGTERM then SIGKILL)."""
+    with NodeGroup(grace_s=5.0) as group:
+        node = group.start(spec)
+        try:
+            return node.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            return None
+
+
 class NodeGroup:
     """The nodes one process started. start() them, check_started() while a handshake waits, await_hello() of a
     service, poll()/wait_any() to supervise, finish() the ones told to stop, and close() (always: a context

@@ -21,7 +21,9 @@ class NodeSpec:
     """command: an edgeinfer command that is a node (core.commands.NODE_COMMANDS). configs: its *Config instances
     (their fields become its options, core.config.to_argv). name: its role in the graph and its log's stem
     (default: the command). log: its stdout and stderr (None: discarded). fork: forked from the fork server
-    (procs/forkserver.py) instead of a fresh interpreter. env: added to its environment (not with fork)."""
+    (procs/forkserver.py) instead of a fresh interpreter. env: added to its environment (not with fork).
+    options: command-line options already rendered from its configs (to_argv), appended after `configs`' own:
+    for a starter that holds argv, not dataclasses (a sweep's Ray task)."""
 
     command: str
     configs: tuple = ()
@@ -29,6 +31,7 @@ class NodeSpec:
     log: Path | None = None
     fork: bool = False
     env: dict[str, str] = field(default_factory=dict)
+    options: tuple[str, ...] = ()
 
     def __post_init__(self):
         if COMMANDS.get(self.command) is None or COMMANDS[self.command].node is None:
@@ -36,7 +39,7 @@ class NodeSpec:
                              f"{sorted(n for n, c in COMMANDS.items() if c.node)}")
         if self.fork and self.env:
             raise ValueError(f"NodeSpec {self.command}: env is not passed to a forked node (fork=True)")
-        self.configs = tuple(self.configs)
+        self.configs, self.options = tuple(self.configs), tuple(self.options)
         self.name = self.name or self.command
         self.log = Path(self.log) if self.log is not None else None
 
@@ -57,7 +60,7 @@ class NodeSpec:
     @property
     def args(self) -> list[str]:
         """`edgeinfer` arguments: the command and its options."""
-        return [self.command, *(a for cfg in self.configs for a in to_argv(cfg))]
+        return [self.command, *(a for cfg in self.configs for a in to_argv(cfg)), *self.options]
 
     @property
     def argv(self) -> list[str]:
