@@ -60,6 +60,17 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
 
+def _print_graph(command: str, cfg) -> int:
+    """The process graph a replay or hil run would start, as `edgeinfer launch FILE --dry-run` prints it."""
+    from dataclasses import replace
+
+    from edgeinfer.launch import graph
+    from edgeinfer.procs.spec import NodeSpec
+
+    print(graph([NodeSpec(command, (replace(cfg, dry_run=False),))]), end="")
+    return 0
+
+
 def _interrupt(signum, frame):
     raise KeyboardInterrupt
 
@@ -75,6 +86,8 @@ def _run(args, parser) -> int:
             cfg = build(ReplayConfig, args, launch, launch_dir)
         except ValueError as e:
             raise ValueError(f"{args.launch}: {e}" if args.launch else str(e)) from None
+        if cfg.dry_run:
+            return _print_graph("replay", cfg)
         report = replay(cfg)
         print(f"wrote {cfg.out}/: report.json, ticks.csv, latency_histogram.png, latency.png, stages.png, "
               "runtime.log, control.log")
@@ -140,6 +153,8 @@ def _run(args, parser) -> int:
         from edgeinfer.sim.hil import HilConfig, hil
 
         cfg = build(HilConfig, args)
+        if cfg.dry_run:
+            return _print_graph("hil", cfg)
         report = hil(cfg)
         print(f"wrote {cfg.out}/: report.json, ticks.csv, latency_histogram.png, latency.png, stages.png, control.log")
         return 130 if report["interrupted"] else (0 if report["process_exit_codes"]["control"] == 0 else 1)

@@ -81,6 +81,8 @@ class SessionConfig(PacingConfig, LogSourceConfig):
     slo: str | None = None
     control: ControlConfig = field(default_factory=ControlConfig)  # the control loop node
     faults: NetworkFaultConfig = field(default_factory=NetworkFaultConfig)  # faults on the observation stream
+    # Print the process graph this run would start, as a launch file, and exit: nothing is started.
+    dry_run: bool = False
 
     def __post_init__(self):
         LogSourceConfig.__post_init__(self)

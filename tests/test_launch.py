@@ -86,9 +86,29 @@ def test_a_replays_process_graph_renders_as_a_launch_file_that_starts_the_same_n
     assert "[serve.scheduler]\nbudget_ms = 7.5" in text and "phase_ms = 0.5" in text
     assert "k_max" not in text  # defaults left out: the graph reads at a glance
     assert [s.argv for s in load_nodes(path)] == [s.argv for s in specs]
-    dry = _launch(ROOT / "launch" / "acceptance.toml", "--dry-run", "true", timeout=120)
+    dry = _launch(ROOT / "launch" / "acceptance.toml", "--dry-run", timeout=120)  # a bool option alone: true
     assert dry.returncode == 0 and "# [serve]" in dry.stdout and "# [control]" in dry.stdout, dry.stderr
     assert "pid" not in dry.stdout  # nothing started
+
+
+def test_replay_dry_run_prints_the_graph_a_launch_file_of_it_prints(tmp_path):
+    argv = ["--log", str(tmp_path / "no_such_log"), "--budget-ms", "7.5", "--out", str(tmp_path / "o")]
+    shown = subprocess.run([sys.executable, "-m", "edgeinfer", "replay", *argv, "--dry-run"], capture_output=True,
+                           text=True, timeout=120)
+    assert shown.returncode == 0, shown.stderr
+    assert not (tmp_path / "o").exists()  # nothing started, nothing written, the log not even read
+    path = tmp_path / "replay.toml"
+    path.write_text(shown.stdout)  # the graph is a launch file: [replay], its nodes commented out below it
+    [spec] = load_nodes(path)
+    assert spec.command == "replay" and spec.configs[0].runtime.scheduler.budget_ms == 7.5
+    from_file = _launch(path, "--dry-run", timeout=120)
+
+    def endpoints_out(text):  # each run picks its own free ports
+        return re.sub(r"tcp://127\.0\.0\.1:\d+", "tcp://127.0.0.1:PORT", text)
+    assert from_file.returncode == 0 and endpoints_out(from_file.stdout) == endpoints_out(shown.stdout)
+    bad = subprocess.run([sys.executable, "-m", "edgeinfer", "replay", "--dry-run", "flase"], capture_output=True,
+                         text=True, timeout=120)
+    assert bad.returncode == 2 and "--dry-run: expected true or false, got 'flase'" in bad.stderr
 
 
 def test_bad_launch_file_is_refused_naming_table_and_key(tmp_path):

@@ -278,8 +278,20 @@ def _scalar(tp):
     if typing.get_origin(tp) is list:
         return typing.get_args(tp)[0], "+", None
     if tp is bool:
-        return lambda s: s.lower() in ("1", "true", "yes"), None, None
+        return _bool, "?", None
     return tp, None, None
+
+
+_BOOLS = {"true": True, "yes": True, "on": True, "1": True, "false": False, "no": False, "off": False, "0": False}
+
+
+def _bool(text: str) -> bool:
+    """A bool option's value: true/yes/on/1 or false/no/off/0 (any case); anything else is refused, never
+    read as false."""
+    try:
+        return _BOOLS[text.lower()]
+    except KeyError:
+        raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}") from None
 
 
 def option_help(doc: str, default) -> str:
@@ -327,9 +339,10 @@ def add_options(parser: argparse.ArgumentParser, *classes) -> None:
                 groups[key] = parser.add_argument_group(f"{title} ({owner.__name__})" if path[:-1] else title,
                                                         summary or None)
             conv, nargs, choices = _scalar(tp)
-            metavar = None if choices else ("BOOL" if conv not in _METAVARS else _METAVARS[conv])
+            metavar = None if choices else ("BOOL" if conv is _bool else _METAVARS.get(conv, conv.__name__.upper()))
+            flag = {"const": True} if conv is _bool else {}  # `--dry-run` alone means `--dry-run true`
             action = groups[key].add_argument("--" + name.replace("_", "-"), dest=".".join(path), type=conv,
-                                              nargs=nargs, choices=choices, required=default == "required",
+                                              nargs=nargs, choices=choices, required=default == "required", **flag,
                                               metavar=metavar, default=argparse.SUPPRESS,
                                               help=option_help(doc, default))
             action.generated = True

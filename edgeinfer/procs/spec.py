@@ -112,13 +112,13 @@ def to_toml(specs: list[NodeSpec]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _table(lines: list[str], name: str, values: dict) -> None:
-    lines.append(f"[{name}]")
+def _table(lines: list[str], name: str, values: dict, top: bool = True) -> None:
     subtables = {k: v for k, v in values.items() if isinstance(v, dict)}
-    lines += [f"{k} = {_value(v)}" for k, v in values.items() if k not in subtables]
-    lines.append("")
+    scalars = [f"{k} = {_value(v)}" for k, v in values.items() if k not in subtables]
+    if top or scalars:  # a nested table with only tables inside needs no header of its own
+        lines += [f"[{name}]", *scalars, ""]
     for k, v in subtables.items():
-        _table(lines, f"{name}.{k}", v)
+        _table(lines, f"{name}.{k}", v, top=False)
 
 
 def _value(v) -> str:
