@@ -14,7 +14,8 @@ from rich.table import Table
 
 from edgeinfer.core.protocols import Engine
 from edgeinfer.engines.engine import engine_class, unavailable_reason
-from edgeinfer.engines.policy import DEFAULT_POLICY, Policy, load_policy
+from edgeinfer.engines.paths import DEFAULT_POLICY
+from edgeinfer.engines.policy import Policy, load_policy
 
 
 def load_engine(policy: Policy, backend: str = "torch", precision: str = "fp32", device: str = "cpu",

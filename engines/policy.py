@@ -14,8 +14,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from edgeinfer.core.config import load
 from edgeinfer.engines.model import ActionTransformer, PolicyConfig
-from edgeinfer.engines.paths import DEFAULT_POLICY, WEIGHTS_DIR  # noqa: F401 (re-exported)
+from edgeinfer.engines.paths import DEFAULT_POLICY
 from edgeinfer.engines.tokenizer import ActionTokenizer
 
 
@@ -68,7 +69,8 @@ class Policy:
 def load_policy(manifest_path: Path | str = DEFAULT_POLICY) -> Policy:
     """Load a policy from its manifest JSON.
 
-    Raises FileNotFoundError if a file is missing, ValueError if the weights' sha256 does not match.
+    Raises FileNotFoundError if a file is missing, ValueError if the weights' sha256 does not match or the
+    manifest's config is not a PolicyConfig (naming the key).
     """
     manifest_path = Path(manifest_path)
     manifest = json.loads(manifest_path.read_text())
@@ -77,7 +79,7 @@ def load_policy(manifest_path: Path | str = DEFAULT_POLICY) -> Policy:
     digest = hashlib.sha256(blob).hexdigest()
     if digest != manifest["sha256"]:
         raise ValueError(f"{weights_path}: sha256 {digest} does not match manifest {manifest['sha256']}")
-    model = ActionTransformer(PolicyConfig(**manifest["config"]))
+    model = ActionTransformer(load(PolicyConfig, manifest["config"], where="config", file=manifest_path))
     model.load_state_dict(torch.load(weights_path, weights_only=True, map_location="cpu"))
     model.eval()
     return Policy(

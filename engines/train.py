@@ -20,7 +20,8 @@ from rich.progress import Progress
 from edgeinfer.engines.dataset import chunk_windows, step_increments
 from edgeinfer.engines.evaluate import evaluate_policy
 from edgeinfer.engines.model import ActionTransformer, PolicyConfig
-from edgeinfer.engines.policy import DEFAULT_POLICY, Policy
+from edgeinfer.engines.paths import DEFAULT_POLICY
+from edgeinfer.engines.policy import Policy
 from edgeinfer.engines.tokenizer import ActionTokenizer
 from edgeinfer.logs.arm_log import list_schunk_runs, read_schunk, split_of
 

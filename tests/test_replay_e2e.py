@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from rich.console import Console
 
-from edgeinfer.engines.policy import DEFAULT_POLICY
+from edgeinfer.engines.paths import DEFAULT_POLICY
 from edgeinfer.logs.arm_log import ArmLog, LogError, synthetic_log, write_schunk
 from edgeinfer.node.runtime import RuntimeConfig
 from edgeinfer.sim.config import ReplayConfig
