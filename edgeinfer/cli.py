@@ -23,8 +23,8 @@ def _arguments(p: argparse.ArgumentParser, command: str) -> None:
     elif command == "sweep":
         p.add_argument("file", type=Path, help="sweep file: [sweep] logs, out; [base]; [configs.NAME]; [grid]")
     elif command == "compare":
-        p.add_argument("a", type=Path, metavar="A.json")
-        p.add_argument("b", type=Path, metavar="B.json")
+        p.add_argument("a", type=Path, metavar="A.json", help="the baseline's report.json (edgeinfer replay --out)")
+        p.add_argument("b", type=Path, metavar="B.json", help="the candidate's report.json")
         p.add_argument("--json", type=Path, default=None, metavar="OUT", help="also write the comparison as JSON")
         p.add_argument("--fail-on-regression", action="store_true", help="exit 1 when any figure is worse")
         p.add_argument("--alpha", type=float, default=0.05, help="per-figure significance level (default: 0.05)")
@@ -60,6 +60,14 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
 
+def _outputs(cfg, *logs: str) -> str:
+    """What a replay or hil run wrote into cfg.out, for its last line."""
+    from edgeinfer.sim.plots import PLOT_FILES
+
+    plots = PLOT_FILES if getattr(cfg, "plots", True) else ()  # hil always plots
+    return ", ".join(("report.json", "ticks.csv", *plots, *logs))
+
+
 def _print_graph(command: str, cfg) -> int:
     """The process graph a replay or hil run would start, as `edgeinfer launch FILE --dry-run` prints it."""
     from dataclasses import replace
@@ -89,8 +97,7 @@ def _run(args, parser) -> int:
         if cfg.dry_run:
             return _print_graph("replay", cfg)
         report = replay(cfg)
-        print(f"wrote {cfg.out}/: report.json, ticks.csv, latency_histogram.png, latency.png, stages.png, "
-              "runtime.log, control.log")
+        print(f"wrote {cfg.out}/: {_outputs(cfg, 'runtime.log', 'control.log')}")
         if report["interrupted"]:
             return 130
         return 0 if all(code == 0 for code in report["process_exit_codes"].values()) else 1
@@ -156,7 +163,7 @@ def _run(args, parser) -> int:
         if cfg.dry_run:
             return _print_graph("hil", cfg)
         report = hil(cfg)
-        print(f"wrote {cfg.out}/: report.json, ticks.csv, latency_histogram.png, latency.png, stages.png, control.log")
+        print(f"wrote {cfg.out}/: {_outputs(cfg, 'control.log')}")
         return 130 if report["interrupted"] else (0 if report["process_exit_codes"]["control"] == 0 else 1)
     if args.command == "sweep":
         from edgeinfer.sim.sweep import SweepConfig, sweep

@@ -101,9 +101,15 @@ def test_command_line_overrides_launch_file(tmp_path):
 
 
 def test_launch_sections_other_than_the_one_asked_are_ignored(tmp_path):
-    path = write_launch(tmp_path, "[train]\nepochs = 3\n")
-    assert load_launch(path, "replay") == {}
+    path = write_launch(tmp_path, "[train]\nepochs = 3\n[replay]\nduration_s = 1.0\n")
+    assert load_launch(path, "replay") == {"duration_s": 1.0}
     assert load_launch(None, "replay") == {}
+
+
+def test_a_launch_file_without_the_asked_table_is_refused_not_run_with_defaults(tmp_path):
+    path = write_launch(tmp_path, "[serve]\nbudget_ms = 3.0\n[hil]\n")  # e.g. replay --launch launch/hil.toml
+    with pytest.raises(ValueError, match=r"no \[replay\] table \(it has \['hil', 'serve'\]\)"):
+        load_launch(path, "replay")
 
 
 def test_shipped_launch_file_builds_a_valid_config():

@@ -180,14 +180,17 @@ def _overlay(base: dict, dotted: dict) -> dict:
 
 def load_launch(path: Path | None, section: str) -> dict:
     """The `section` table of a TOML launch file ({} when no file). Raises ValueError naming the file for
-    invalid TOML or a top-level table that is not an edgeinfer command (a typo would silently run defaults)."""
+    invalid TOML, a top-level table that is not an edgeinfer command, or a file without a `section` table (a
+    typo would silently run defaults)."""
     if path is None:
         return {}
     doc = read_toml(path)
     if set(doc) - set(LAUNCH_SECTIONS):
         raise ValueError(f"{path}: unknown table(s) {sorted(set(doc) - set(LAUNCH_SECTIONS))}; "
                          f"expected one of {list(LAUNCH_SECTIONS)}")
-    return doc.get(section, {})
+    if section not in doc:  # e.g. `replay --launch launch/hil.toml`: running the defaults instead would mislead
+        raise ValueError(f"{path}: no [{section}] table (it has {sorted(doc)})")
+    return doc[section]
 
 
 def to_argv(obj) -> list[str]:
@@ -335,7 +338,7 @@ def add_options(parser: argparse.ArgumentParser, *classes) -> None:
             key = (cls, path[:-1])
             if key not in groups:
                 title = ".".join(path[:-1]) or cls.__name__
-                summary = (inspect.getdoc(owner) or "").split("\n")[0] if path[:-1] else ""
+                summary = first_sentence(" ".join((inspect.getdoc(owner) or "").split())) if path[:-1] else ""
                 groups[key] = parser.add_argument_group(f"{title} ({owner.__name__})" if path[:-1] else title,
                                                         summary or None)
             conv, nargs, choices = _scalar(tp)

@@ -42,8 +42,8 @@ class RuntimeConfig:
     decode: Literal["speculative", "target-only"] = "speculative"  # draft and verify, or the target alone
     # a drafter by name, or "auto": every registered drafter, the scheduler choosing one per chunk
     drafter: str = "kinematic"
-    # greedy: exact; sampling: exact in distribution (temperature, top_p, seed); relaxed: LOSSY, drafts kept
-    # within relax_bins bins of the target's choice (edgeinfer.core.acceptance)
+    # the acceptance rule: greedy (exact), sampling (exact in distribution: temperature, top_p, seed) or relaxed
+    # (LOSSY: drafts kept within relax_bins bins of the target's choice); edgeinfer.core.acceptance
     acceptance: Literal["greedy", "sampling", "relaxed"] = "greedy"
     temperature: float = 1.0  # sampling acceptance: the target's softmax temperature
     top_p: float = 1.0  # sampling acceptance: nucleus (top-p) mass kept
