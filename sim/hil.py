@@ -44,7 +44,7 @@ from edgeinfer.engines.paths import DEFAULT_POLICY
 from edgeinfer.node.runtime import RuntimeConfig
 from edgeinfer.procs.nodes import NodeGroup
 from edgeinfer.procs.spec import NodeSpec
-from edgeinfer.sim import roundtrip
+from edgeinfer.sim import roundtrip, stats
 from edgeinfer.sim.config import SessionConfig
 from edgeinfer.sim.metrics import CONFIDENCE, summarize, write_ticks
 from edgeinfer.sim.pacing import scaled_period_ns
@@ -186,6 +186,7 @@ def hil(cfg: HilConfig, console: Console | None = None) -> dict:
                   f"hil: waiting up to {cfg.handshake_timeout_s:g} s for it (--handshake-timeout-s)")
     timeout_ns = int(cfg.rtt_timeout_ms * 1e6)
     previous = {s: signal.signal(s, _raise_interrupt) for s in (signal.SIGINT, signal.SIGTERM)}
+    stats.preload()  # while the nodes start: the figures at the end of the run then need not wait for it
     group = NodeGroup(grace_s=5.0)
     control = group.start(hil_nodes(cfg, ep)[0])
     prober = _start_prober(echo, cfg, cfg.out / "rtt_during.npy")

@@ -33,6 +33,7 @@ from edgeinfer.logs import read_log
 from edgeinfer.logs.arm_log import ArmLog, synthetic_log
 from edgeinfer.procs.nodes import NodeGroup
 from edgeinfer.procs.spec import NodeSpec
+from edgeinfer.sim import stats
 from edgeinfer.sim.config import ReplayConfig
 from edgeinfer.sim.faults import FaultInjector
 from edgeinfer.sim.metrics import summarize, write_ticks
@@ -112,6 +113,7 @@ def replay(cfg: ReplayConfig, console: Console | None = None) -> dict:
     previous = {s: signal.signal(s, _raise_interrupt) for s in (signal.SIGINT, signal.SIGTERM)}
     # Children first, so that they do not inherit the replayer's real-time priority: the runtime is the
     # system under test and runs as it would on the robot. ZMQ connects retry until the binds below exist.
+    stats.preload()  # while the nodes start: the figures at the end of the run then need not wait for it
     group = NodeGroup(grace_s=5.0)
     procs = [group.start(spec) for spec in replay_nodes(cfg, ep)]  # runtime, control
     # before the context: its I/O thread inherits both

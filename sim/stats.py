@@ -5,10 +5,20 @@ ticks" reads as "below 0.5 % at 95 % confidence", not as "never misses".
 """
 from __future__ import annotations
 
+import importlib
 import math
+import threading
 
 import numpy as np
-import scipy.stats as st
+
+
+def preload() -> threading.Thread:
+    """Import scipy.stats in a background thread and return it (started). scipy.stats takes about 0.5 s to import
+    on a 2-core CPU; a replay starts this while its nodes warm up, so that the figures at the end of the run do
+    not wait for it (the functions here import it on first use; one that runs mid-import waits for it)."""
+    thread = threading.Thread(target=importlib.import_module, args=("scipy.stats",), name="preload scipy.stats")
+    thread.start()
+    return thread
 
 # Quantiles reported for latency, as (key, percent).
 SUMMARY_PERCENTILES: tuple[tuple[str, float], ...] = (("p50", 50.0), ("p90", 90.0), ("p99", 99.0),
@@ -66,6 +76,7 @@ def wilson_interval(k: int, n: int, confidence: float = 0.95) -> tuple[float, fl
 
 
 def _binomial_interval(k: int, n: int, confidence: float, method: str) -> tuple[float, float]:
+    from scipy import stats as st  # imported on first use: see preload()
     _check_confidence(confidence)
     _check_k_n(k, n)
     if n == 0:
@@ -96,6 +107,7 @@ def quantile_ci(samples, q: float, confidence: float = 0.95) -> tuple[float, flo
     None when n is too small for such ranks to exist (e.g. p99 needs n >= 368 at 95 %).
     Raises ValueError unless 0 < q < 1 and 0 < confidence < 1.
     """
+    from scipy import stats as st  # imported on first use: see preload()
     if not 0.0 < q < 1.0:
         raise ValueError(f"q must be in (0, 1), got {q}")
     _check_confidence(confidence)
@@ -149,6 +161,7 @@ def early_stopping_passes(n_over: int, n: int, percentile: float, confidence: fl
     """True when n samples of which n_over exceed a threshold show, at `confidence`, that the `percentile`
     quantile is at or under that threshold (LoadGen's early-stopping criterion, see min_passing_samples).
     Raises ValueError unless 0 <= n_over <= n and 0 <= percentile <= 1."""
+    from scipy import stats as st  # imported on first use: see preload()
     if not 0 <= n_over <= n:
         raise ValueError(f"need 0 <= n_over <= n, got n_over={n_over}, n={n}")
     if not 0.0 <= percentile <= 1.0:
@@ -190,6 +203,7 @@ def mean_ci(samples, confidence: float = 0.95) -> tuple[float, float] | None:
     objective, because no distribution-free bound on a mean exists. None for N < 2.
     Raises ValueError unless 0 < confidence < 1.
     """
+    from scipy import stats as st  # imported on first use: see preload()
     _check_confidence(confidence)
     x = _nan_as_inf(samples)
     if x.size < 2:
@@ -214,6 +228,7 @@ def fisher_exact_p(k_a: int, n_a: int, k_b: int, n_b: int, alternative: str = "t
     P(B's count >= k_b), the one-sided test that B's proportion is higher; "b_less" is P(B's count <= k_b).
     Raises ValueError unless 0 <= k <= n for both samples and alternative is one of those.
     """
+    from scipy import stats as st  # imported on first use: see preload()
     for k, n in ((k_a, n_a), (k_b, n_b)):
         _check_k_n(k, n)
     if alternative not in _FISHER_ALTERNATIVES:
@@ -270,6 +285,7 @@ def rms_ci(errors, batch: int = 50, confidence: float = 0.95) -> tuple[float, fl
     quantile (scipy.stats.norm.interval), then square-rooted. Returns (lo, hi) in the errors' unit, or None
     for fewer than 2 batches. Raises ValueError unless 0 < confidence < 1.
     """
+    from scipy import stats as st  # imported on first use: see preload()
     _check_confidence(confidence)
     e = np.asarray(errors, dtype=np.float64)
     if e.ndim == 0 or e.shape[0] < 2 * batch:
