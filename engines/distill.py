@@ -29,18 +29,14 @@ from edgeinfer.engines.drafters import DEFAULT_DRAFT, early_exit_policy
 from edgeinfer.engines.evaluate import greedy_decode_batch
 from edgeinfer.engines.model import ActionTransformer, PolicyConfig
 from edgeinfer.engines.policy import Policy
-from edgeinfer.engines.train import load_split
+from edgeinfer.engines.train import FitConfig, load_split
 
 
-@dataclass
-class DistillConfig:
+@dataclass(kw_only=True)
+class DistillConfig(FitConfig):
     """Distillation of the learned drafter from the target (training runs distil, held-out runs measure)."""
 
-    data_dir: Path = Path("../shared/data/schunk_lwa4p")  # the Schunk recordings
     out: Path = DEFAULT_DRAFT  # manifest JSON of the draft (weights next to it, `.pt`)
-    seed: int = 0  # seed of the initial weights and the batch order
-    steps: int = 3000  # optimizer steps
-    batch_size: int = 256  # windows per step
     lr: float = 6e-3  # peak learning rate (AdamW)
     d_model: int = 64  # the student's width
     n_layers: int = 1  # the student's transformer blocks
@@ -49,9 +45,10 @@ class DistillConfig:
     eval_k: int = 4  # drafts per target pass of the held-out acceptance metric
 
     def __post_init__(self):
-        self.data_dir, self.out = Path(self.data_dir), Path(self.out)
-        if self.steps < 1 or self.batch_size < 1 or self.lr <= 0 or self.eval_k < 1:
-            raise ValueError("DistillConfig.steps, batch_size, lr and eval_k must be positive")
+        super().__post_init__()
+        self.out = Path(self.out)
+        if self.eval_k < 1:
+            raise ValueError(f"DistillConfig.eval_k must be >= 1, got {self.eval_k}")
         PolicyConfig(d_model=self.d_model, n_layers=self.n_layers, n_heads=self.n_heads)  # raises on a bad shape
 
 

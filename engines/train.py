@@ -26,24 +26,35 @@ from edgeinfer.engines.tokenizer import ActionTokenizer
 from edgeinfer.logs.arm_log import list_schunk_runs, read_schunk, split_of
 
 
-@dataclass
-class TrainConfig:
-    """Training of the target policy on the Schunk recordings (training runs fit, held-out runs measure)."""
+@dataclass(kw_only=True)
+class FitConfig:
+    """What every fit of a model to the recordings shares (training the target, distilling the drafter): the
+    data, the seed and the optimizer's schedule."""
 
     data_dir: Path = Path("../shared/data/schunk_lwa4p")  # the Schunk recordings
-    out: Path = DEFAULT_POLICY  # manifest JSON of the policy (weights next to it, `.pt`)
     seed: int = 0  # seed of the initial weights and the batch order
     steps: int = 3000  # optimizer steps
     batch_size: int = 256  # windows per step
     lr: float = 2e-3  # peak learning rate (AdamW)
+
+    def __post_init__(self):
+        self.data_dir = Path(self.data_dir)
+        if self.steps < 1 or self.batch_size < 1 or self.lr <= 0:
+            raise ValueError(f"{type(self).__name__}.steps, batch_size and lr must be positive")
+
+
+@dataclass(kw_only=True)
+class TrainConfig(FitConfig):
+    """Training of the target policy on the Schunk recordings (training runs fit, held-out runs measure)."""
+
+    out: Path = DEFAULT_POLICY  # manifest JSON of the policy (weights next to it, `.pt`)
     n_bins: int = 64  # action token bins per joint
     horizon: int = 8  # action steps per chunk
     stride_ticks: int = 5  # control ticks per action step (5 x 4 ms = 20 ms at 250 Hz)
 
     def __post_init__(self):
-        self.data_dir, self.out = Path(self.data_dir), Path(self.out)
-        if self.steps < 1 or self.batch_size < 1 or self.lr <= 0:
-            raise ValueError("TrainConfig.steps, batch_size and lr must be positive")
+        super().__post_init__()
+        self.out = Path(self.out)
 
 
 def load_split(data_dir: Path, horizon: int, stride: int) -> dict[str, tuple[np.ndarray, np.ndarray, list[int]]]:
