@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from edgeinfer.core.commands import COMMANDS, config_classes
-from edgeinfer.core.config import add_options, build, load_launch
+from edgeinfer.core.config import add_options, build, expand_bool_flags, load_launch
 
 
 def _arguments(p: argparse.ArgumentParser, command: str) -> None:
@@ -41,6 +41,7 @@ def main(argv: list[str] | None = None) -> int:
         _arguments(p, command)
         if command == chosen:  # only the command being run imports its config classes: most never import torch
             add_options(p, *config_classes(command))
+            argv = argv[:1] + expand_bool_flags(p, argv[1:])  # a bool option alone means true
     if argv[:1] == ["bench"] and argv[1:2] in (["engines"], ["spec"], ["transport"]):  # a suite: its own parser and -h
         args = argparse.Namespace(command="bench", suite=argv[1], rest=argv[2:])
     else:

@@ -10,8 +10,18 @@ import pytest
 
 from edgeinfer.control.loop import ControlConfig
 from edgeinfer.control.safety import SafetyLimits
-from edgeinfer.core.config import add_options, build, field_docs, first_sentence, load, load_launch, to_argv
+from edgeinfer.core.config import (
+    add_options,
+    build,
+    expand_bool_flags,
+    field_docs,
+    first_sentence,
+    load,
+    load_launch,
+    to_argv,
+)
 from edgeinfer.core.scheduler import SchedulerConfig
+from edgeinfer.launch import LaunchConfig
 from edgeinfer.node.runtime import RuntimeConfig
 from edgeinfer.sim.config import ReplayConfig
 
@@ -110,6 +120,26 @@ def test_a_launch_file_without_the_asked_table_is_refused_not_run_with_defaults(
     path = write_launch(tmp_path, "[serve]\nbudget_ms = 3.0\n[hil]\n")  # e.g. replay --launch launch/hil.toml
     with pytest.raises(ValueError, match=r"no \[replay\] table \(it has \['hil', 'serve'\]\)"):
         load_launch(path, "replay")
+    path.write_text("replay = 3\n")
+    with pytest.raises(ValueError, match="replay must be a table, got int"):
+        load_launch(path, "replay")
+
+
+def test_a_bool_option_alone_means_true_and_never_takes_a_positional_argument():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("file")
+    add_options(parser, LaunchConfig)
+    assert expand_bool_flags(parser, ["--dry-run", "f.toml"]) == ["--dry-run", "true", "f.toml"]
+    assert expand_bool_flags(parser, ["f.toml", "--dry-run"]) == ["f.toml", "--dry-run", "true"]
+    assert expand_bool_flags(parser, ["--dry-run", "No", "f.toml"]) == ["--dry-run", "No", "f.toml"]
+    args = parser.parse_args(expand_bool_flags(parser, ["--dry-run", "f.toml"]))
+    assert args.file == "f.toml" and vars(args)["dry_run"] is True
+    assert vars(parser.parse_args(["f.toml", "--dry-run", "off"]))["dry_run"] is False
+    alone = argparse.ArgumentParser()  # no positional argument: a word after the flag is its value, checked
+    add_options(alone, LaunchConfig)
+    assert expand_bool_flags(alone, ["--dry-run", "ture"]) == ["--dry-run", "ture"]
+    with pytest.raises(SystemExit):
+        alone.parse_args(["--dry-run", "ture"])
 
 
 def test_shipped_launch_file_builds_a_valid_config():

@@ -51,9 +51,17 @@ def test_controller_commands_every_tick_and_tracks_the_recording(schunk_dir):
 
 
 def test_controller_rejects_an_observation_of_the_wrong_shape():
+    z6 = np.zeros(6)
     with Controller(ControllerConfig(RuntimeConfig(warmup_chunks=1), warmup=False)) as ctl:
-        with pytest.raises(ValueError, match="3 joints"):
+        with pytest.raises(ValueError, match=r"q_rad has shape \(3,\), the policy expects \(6,\)"):
             ctl.step(now_ns(), Observation(0, now_ns(), np.zeros(3), np.zeros(3), np.zeros(3)))
+        # a (6, 1) column has 6 "joints" but would broadcast against the (6,) limits into (6, 6) commands
+        with pytest.raises(ValueError, match=r"q_rad has shape \(6, 1\)"):
+            ctl.step(now_ns(), Observation(0, now_ns(), np.zeros((6, 1)), z6, z6))
+        with pytest.raises(ValueError, match=r"qd_rad_s has shape \(3,\)"):
+            ctl.step(now_ns(), Observation(0, now_ns(), z6, np.zeros(3), z6))
+        cmd = ctl.step(now_ns(), Observation(0, now_ns(), z6, z6, z6))  # the refused ones left no trace
+        assert cmd is not None and cmd.q_rad.shape == (6,) and cmd.rung == "hold"
 
 
 # ---- one command path: the Controller commands exactly as the control loop does ---------------------------

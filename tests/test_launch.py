@@ -86,18 +86,22 @@ def test_a_replays_process_graph_renders_as_a_launch_file_that_starts_the_same_n
     assert "[serve.scheduler]\nbudget_ms = 7.5" in text and "phase_ms = 0.5" in text
     assert "k_max" not in text  # defaults left out: the graph reads at a glance
     assert [s.argv for s in load_nodes(path)] == [s.argv for s in specs]
-    dry = _launch(ROOT / "launch" / "acceptance.toml", "--dry-run", timeout=120)  # a bool option alone: true
+    dry = subprocess.run([sys.executable, "-m", "edgeinfer", "launch", "--dry-run", str(ROOT / "launch" /
+                          "acceptance.toml")], capture_output=True, text=True, timeout=120)  # alone, before FILE: true
     assert dry.returncode == 0 and "# [serve]" in dry.stdout and "# [control]" in dry.stdout, dry.stderr
     assert "pid" not in dry.stdout  # nothing started
 
 
 def test_replay_dry_run_prints_the_graph_a_launch_file_of_it_prints(tmp_path):
-    argv = ["--log", str(tmp_path / "no_such_log"), "--budget-ms", "7.5", "--out", str(tmp_path / "o")]
+    argv = ["--log", "no_such_log", "--budget-ms", "7.5", "--out", "o"]  # relative to the working directory
     shown = subprocess.run([sys.executable, "-m", "edgeinfer", "replay", *argv, "--dry-run"], capture_output=True,
-                           text=True, timeout=120)
+                           text=True, timeout=120, cwd=tmp_path)
     assert shown.returncode == 0, shown.stderr
+    # printed absolute: launch reads a file's relative paths against the file's folder
+    assert f'log = "{tmp_path / "no_such_log"}"' in shown.stdout and f'out = "{tmp_path / "o"}"' in shown.stdout
     assert not (tmp_path / "o").exists()  # nothing started, nothing written, the log not even read
-    path = tmp_path / "replay.toml"
+    path = tmp_path / "graphs" / "replay.toml"
+    path.parent.mkdir()
     path.write_text(shown.stdout)  # the graph is a launch file: [replay], its nodes commented out below it
     [spec] = load_nodes(path)
     assert spec.command == "replay" and spec.configs[0].runtime.scheduler.budget_ms == 7.5

@@ -190,6 +190,8 @@ def load_launch(path: Path | None, section: str) -> dict:
                          f"expected one of {list(LAUNCH_SECTIONS)}")
     if section not in doc:  # e.g. `replay --launch launch/hil.toml`: running the defaults instead would mislead
         raise ValueError(f"{path}: no [{section}] table (it has {sorted(doc)})")
+    if not isinstance(doc[section], dict):
+        raise ValueError(f"{path}: {section} must be a table, got {type(doc[section]).__name__}")
     return doc[section]
 
 
@@ -281,11 +283,26 @@ def _scalar(tp):
     if typing.get_origin(tp) is list:
         return typing.get_args(tp)[0], "+", None
     if tp is bool:
-        return _bool, "?", None
+        return _bool, None, None
     return tp, None, None
 
 
 _BOOLS = {"true": True, "yes": True, "on": True, "1": True, "false": False, "no": False, "off": False, "0": False}
+
+
+def expand_bool_flags(parser: argparse.ArgumentParser, argv: list[str]) -> list[str]:
+    """argv with `true` after each bool option given alone (`--dry-run FILE` -> `--dry-run true FILE`), so that
+    a bool option never takes a positional argument for its value. A word after it that is not a bool is its
+    (refused) value when the command takes no positional argument. parser: the one add_options filled."""
+    flags = {s for a in parser._actions if a.type is _bool for s in a.option_strings}
+    positionals = any(not a.option_strings for a in parser._actions)
+    out: list[str] = []
+    for i, arg in enumerate(argv):
+        out.append(arg)
+        after = argv[i + 1] if i + 1 < len(argv) else None
+        if arg in flags and (after is None or after.startswith("-") or (positionals and after.lower() not in _BOOLS)):
+            out.append("true")
+    return out
 
 
 def _bool(text: str) -> bool:
@@ -343,9 +360,8 @@ def add_options(parser: argparse.ArgumentParser, *classes) -> None:
                                                         summary or None)
             conv, nargs, choices = _scalar(tp)
             metavar = None if choices else ("BOOL" if conv is _bool else _METAVARS.get(conv, conv.__name__.upper()))
-            flag = {"const": True} if conv is _bool else {}  # `--dry-run` alone means `--dry-run true`
             action = groups[key].add_argument("--" + name.replace("_", "-"), dest=".".join(path), type=conv,
-                                              nargs=nargs, choices=choices, required=default == "required", **flag,
+                                              nargs=nargs, choices=choices, required=default == "required",
                                               metavar=metavar, default=argparse.SUPPRESS,
                                               help=option_help(doc, default))
             action.generated = True

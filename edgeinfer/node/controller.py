@@ -92,11 +92,14 @@ class Controller:
         """The command for the tick at t_ns (monotonic ns) given the newest observation `obs` (q_rad (D,)
         float64 rad; None: no new one this tick). Returns at once; never raises for a late or failing policy (it
         holds instead). Returns None when there is nothing safe to command yet (no chunk, no command and no
-        finite observation so far; counted in no_state). Raises ValueError when obs has the wrong number of
-        joints."""
-        if obs is not None and len(obs.q_rad) != self.runtime.policy.cfg.n_joints:
-            raise ValueError(f"Controller.step: observation has {len(obs.q_rad)} joints, the policy expects "
-                             f"{self.runtime.policy.cfg.n_joints}")
+        finite observation so far; counted in no_state). Raises ValueError when q_rad, qd_rad_s or q_prev_rad is
+        not a (D,) array for the policy's D joints (a (D, 1) column would broadcast into every later command)."""
+        if obs is not None:
+            d = self.runtime.policy.cfg.n_joints
+            for name in ("q_rad", "qd_rad_s", "q_prev_rad"):
+                if np.shape(getattr(obs, name)) != (d,):
+                    raise ValueError(f"Controller.step: observation {name} has shape {np.shape(getattr(obs, name))}, "
+                                     f"the policy expects ({d},)")
         fresh = obs is not None and self._accept(obs)
         self._replan_due |= self._ticks % self.replan_every == 0
         if fresh and self._replan_due:  # a refused observation is not planned from: the next finite one is

@@ -95,7 +95,8 @@ def _fields(obj, defaults: dict) -> dict:
             if sub := _fields(value, _default(type(value))):
                 out[f.name] = sub
         elif value is not None and (f.name not in defaults or value != defaults[f.name]):
-            out[f.name] = value
+            # absolute: launch reads a file's relative paths against its folder, not the working directory
+            out[f.name] = value.absolute() if isinstance(value, Path) else value
     return out
 
 
@@ -107,7 +108,8 @@ def to_toml(specs: list[NodeSpec]) -> str:
         raise ValueError(f"a launch file has one table per command; {dup} appear more than once")
     lines: list[str] = []
     for spec in specs:
-        lines.append(f"# {spec.name}" + (f": log {spec.log}" if spec.log else "") + (" (forked)" if spec.fork else ""))
+        log = f": log {spec.log.absolute()}" if spec.log else ""
+        lines.append(f"# {spec.name}{log}" + (" (forked)" if spec.fork else ""))
         _table(lines, spec.command, spec.table())
     return "\n".join(lines) + "\n"
 
