@@ -9,6 +9,7 @@ from pathlib import Path
 
 from edgeinfer.core.commands import COMMANDS, config_classes
 from edgeinfer.core.config import add_options, build, expand_bool_flags, load_launch
+from edgeinfer.core.lifecycle import raise_interrupt
 
 
 def _arguments(p: argparse.ArgumentParser, command: str) -> None:
@@ -48,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
         args = parser.parse_args(argv)
         args.suite, args.rest = None, argv[1:]
     if args.command == "bench":  # SIGTERM as Ctrl-C: the benches' cleanup runs, and their child processes end
-        signal.signal(signal.SIGTERM, _interrupt)
+        signal.signal(signal.SIGTERM, raise_interrupt)
     try:
         return _run(args, parser)
     except KeyboardInterrupt:
@@ -78,10 +79,6 @@ def _print_graph(command: str, cfg) -> int:
 
     print(graph([NodeSpec(command, (replace(cfg, dry_run=False),))]), end="")
     return 0
-
-
-def _interrupt(signum, frame):
-    raise KeyboardInterrupt
 
 
 def _run(args, parser) -> int:

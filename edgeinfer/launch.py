@@ -24,7 +24,6 @@ starts nothing. Exit code: 0 when every node succeeded, 1 when any failed, 130 w
 from __future__ import annotations
 
 import os
-import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +34,7 @@ from rich.table import Table
 from edgeinfer.core import transport
 from edgeinfer.core.commands import NODE_COMMANDS, config_classes
 from edgeinfer.core.config import load, read_toml
+from edgeinfer.core.lifecycle import InterruptSignals
 from edgeinfer.procs.nodes import Node, NodeGroup
 from edgeinfer.procs.spec import NodeSpec, to_toml
 
@@ -188,10 +188,6 @@ def _nodes_of(spec: NodeSpec) -> list[NodeSpec]:
     return hil_nodes(spec.configs[0], hil_endpoints(spec.configs[0])[0])
 
 
-def _raise_interrupt(signum, frame):
-    raise KeyboardInterrupt(f"signal {signum}")
-
-
 def launch(path: Path, cfg: LaunchConfig | None = None, console: Console | None = None) -> int:
     """Run launch file `path` (see the module docstring). Returns the exit code: 0 when every node succeeded
     (services stopped at the end count as succeeded), 1 when any node failed, 130 on SIGINT/SIGTERM. Raises
@@ -204,7 +200,7 @@ def launch(path: Path, cfg: LaunchConfig | None = None, console: Console | None 
         print(graph(nodes), end="")
         return 0
     log_dir = cfg.log_dir or Path("out") / "launch" / path.stem
-    previous = {s: signal.signal(s, _raise_interrupt) for s in (signal.SIGINT, signal.SIGTERM)}
+    signals = InterruptSignals()
     code = 0
     try:
         with Launch(nodes, cfg, log_dir, console) as run:
@@ -218,11 +214,9 @@ def launch(path: Path, cfg: LaunchConfig | None = None, console: Console | None 
                 console.print(f"[red]{e}[/red]")
                 code = 1
             finally:
-                for s in previous:  # a second Ctrl-C must not cut the teardown short
-                    signal.signal(s, signal.SIG_IGN)
+                signals.ignore()  # a second Ctrl-C must not cut the teardown short
     finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
+        signals.restore()
     console.print(run.table())
     if code == 0 and any(n.state == "failed" for n in run.group.nodes):
         code = 1

@@ -4,7 +4,7 @@ on this machine, the floor under the `replayer.send_error_us` figure of a full r
     .venv/bin/python scripts/replayer_pacing.py [--log PATH] [--priority 70] [--cpu 0]
 
 Publishes every observation of the log on a loopback PUB socket at the recorded times (what `edgeinfer replay`
-does, through the same sim.replay._stream) and prints the send-timing error (us) as JSON.
+does, through the same sim.replay.stream) and prints the send-timing error (us) as JSON.
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import zmq
 
 from edgeinfer.core import clock, transport
 from edgeinfer.sim.config import ReplayConfig
-from edgeinfer.sim.replay import _stream, load_log
+from edgeinfer.sim.replay import load_log, stream
 from edgeinfer.sim.schedule import tick_grid
 
 
@@ -34,7 +34,7 @@ def main() -> None:
         pub = transport.pub(ctx, ep.obs, bind=True)
         cmd_rx = transport.Receiver(transport.pull(ctx, ep.commands, bind=True))
         chunk_rx = transport.Receiver(transport.sub(ctx, ep.chunks))
-        rec = _stream(log, tick_grid(log), 1, pub, cmd_rx, chunk_rx, 1.0, 200.0,
+        rec = stream(log, tick_grid(log), 1, pub, cmd_rx, chunk_rx, 1.0, 200.0,
                       pacing=ReplayConfig(time_scale=args.time_scale))
     finally:
         ctx.destroy(linger=0)

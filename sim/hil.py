@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import dataclasses
 import select
-import signal
 import socket
 import subprocess
 import sys
@@ -38,6 +37,7 @@ import zmq
 from rich.console import Console
 
 from edgeinfer.core import clock, transport
+from edgeinfer.core.lifecycle import InterruptSignals
 from edgeinfer.core.telemetry import stats_summary
 from edgeinfer.core.wire import Stop
 from edgeinfer.engines.paths import DEFAULT_POLICY
@@ -52,12 +52,11 @@ from edgeinfer.sim.plots import PLOT_FILES, plot_histogram, plot_stages, plot_ti
 from edgeinfer.sim.preflight import check_run_fits, policy_shape
 from edgeinfer.sim.replay import (
     ReplayConfig,
-    _drain,
-    _raise_interrupt,
-    _stream,
+    drain,
     first_seconds,
     load_log,
     reader_options,
+    stream,
 )
 from edgeinfer.sim.report import print_table, replay_progress, write_report
 from edgeinfer.sim.schedule import tick_grid
@@ -185,7 +184,7 @@ def hil(cfg: HilConfig, console: Console | None = None) -> dict:
     console.print(f"hil: on the runtime host run: [bold]{hil_serve_command(cfg, robot)}[/bold]\n"
                   f"hil: waiting up to {cfg.handshake_timeout_s:g} s for it (--handshake-timeout-s)")
     timeout_ns = int(cfg.rtt_timeout_ms * 1e6)
-    previous = {s: signal.signal(s, _raise_interrupt) for s in (signal.SIGINT, signal.SIGTERM)}
+    signals = InterruptSignals()
     stats.preload()  # while the nodes start: the figures at the end of the run then need not wait for it
     group = NodeGroup(grace_s=5.0)
     control = group.start(hil_nodes(cfg, ep)[0])
@@ -218,14 +217,13 @@ def hil(cfg: HilConfig, console: Console | None = None) -> dict:
         _go(prober)
         with replay_progress(console, len(log), f"replaying at {log.rate_hz:.0f} Hz against {cfg.endpoint}") as bar:
             sup = Supervisor(obs_pub, [], None, None, lambda: None, 0, status_rx)  # Heartbeats, status drained
-            rec = _stream(log, ticks, stride, obs_pub, cmd_rx, chunk_rx, deadline_ms, cfg.settle_ms, sup.on_row,
+            rec = stream(log, ticks, stride, obs_pub, cmd_rx, chunk_rx, deadline_ms, cfg.settle_ms, sup.on_row,
                           pacing=rcfg, progress=bar)
-        for s in previous:  # a second Ctrl-C must not lose the report of the first
-            signal.signal(s, signal.SIG_IGN)
+        signals.ignore()  # a second Ctrl-C must not lose the report of the first
         stopped = transport.send(obs_pub, Stop("interrupted" if rec.interrupted else "end of log"))
         during = _stop_prober(prober, cfg.out / "rtt_during.npy", cfg.rtt_timeout_ms / 1000)
         exit_code = group.finish([control])["control"]
-        _drain(cmd_rx, chunk_rx, rec, status_rx, limit=10_000)
+        drain(cmd_rx, chunk_rx, rec, status_rx, limit=10_000)
     finally:
         if obs_pub is not None and not stopped:  # a failed start: the remote runtime need not wait for its timeout
             transport.send(obs_pub, Stop("hil failed on the robot side"))
@@ -237,8 +235,7 @@ def hil(cfg: HilConfig, console: Console | None = None) -> dict:
             auth.stop()
         ctx.destroy(linger=0)
         clock.leave_realtime()
-        for s, handler in previous.items():
-            signal.signal(s, handler)
+        signals.restore()
     report, per_tick = summarize(rec, log, rcfg, deadline_ms, stride)
     report.update(decode="remote", engine=f"runtime at {cfg.endpoint}", drafter=None, budget_ms=None, k_max=None,
                   process_exit_codes={"control": exit_code}, runtime_fault=None)

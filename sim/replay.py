@@ -16,7 +16,6 @@ import dataclasses
 import gc
 import os
 import select
-import signal
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -26,6 +25,7 @@ from rich.console import Console
 
 from edgeinfer.core import clock, transport
 from edgeinfer.core.clock import now_ns
+from edgeinfer.core.lifecycle import InterruptSignals
 from edgeinfer.core.telemetry import stats_summary
 from edgeinfer.core.wire import ActionChunk, JointCommand, Start, Stats, Stop, encode
 from edgeinfer.engines.engine import unavailable_reason
@@ -110,7 +110,7 @@ def replay(cfg: ReplayConfig, console: Console | None = None) -> dict:
     if cfg.pin_cpus:
         _assign_cpus(cfg)
     ep = transport.Endpoints.free_loopback()
-    previous = {s: signal.signal(s, _raise_interrupt) for s in (signal.SIGINT, signal.SIGTERM)}
+    signals = InterruptSignals()
     # Children first, so that they do not inherit the replayer's real-time priority: the runtime is the
     # system under test and runs as it would on the robot. ZMQ connects retry until the binds below exist.
     stats.preload()  # while the nodes start: the figures at the end of the run then need not wait for it
@@ -136,15 +136,14 @@ def replay(cfg: ReplayConfig, console: Console | None = None) -> dict:
                              lambda: group.start(replace(procs[0].spec, log=cfg.out / "runtime.restarted.log")),
                              cfg.garbage_per_row, status_rx, cfg.stall_runtime_at_tick, cfg.stall_runtime_ms,
                              spawn_cpus=cfg.runtime.runtime_cpus)
-            rec = _stream(log, ticks, stride, obs_pub, cmd_rx, chunk_rx, deadline_ms, cfg.settle_ms, sup.on_row,
+            rec = stream(log, ticks, stride, obs_pub, cmd_rx, chunk_rx, deadline_ms, cfg.settle_ms, sup.on_row,
                           pacing=cfg, progress=progress)
-            for s in previous:  # a second Ctrl-C must not lose the report of the first
-                signal.signal(s, signal.SIG_IGN)
+            signals.ignore()  # a second Ctrl-C must not lose the report of the first
             stop = Stop("interrupted" if rec.interrupted else "end of log")
             transport.send(obs_pub, stop)
             sup.join()
             exit_codes = group.finish(procs, poke=lambda: transport.send(obs_pub, stop))
-            _drain(cmd_rx, chunk_rx, rec, status_rx)
+            drain(cmd_rx, chunk_rx, rec, status_rx)
     finally:
         if sup is not None:  # never leave a stalled (SIGSTOPped) runtime behind
             sup.release()
@@ -152,8 +151,7 @@ def replay(cfg: ReplayConfig, console: Console | None = None) -> dict:
         ctx.destroy(linger=0)
         clock.leave_realtime()
         clock.pin_to_cpus(original_cpus)
-        for s, handler in previous.items():
-            signal.signal(s, handler)
+        signals.restore()
     report, per_tick = summarize(rec, log, cfg, deadline_ms, stride)
     report["process_exit_codes"] = exit_codes
     report["runtime_fault"] = gap_report(sup, per_tick["outcome"], rec.t_sched_ns, rec.period_ns, rec.commands)
@@ -187,10 +185,6 @@ def _assign_cpus(cfg: ReplayConfig) -> None:
     cfg.control.control_cpus, cfg.runtime.runtime_cpus = cpus[:1], cpus[1:]
 
 
-def _raise_interrupt(signum, frame):
-    raise KeyboardInterrupt(f"signal {signum}")
-
-
 def replay_nodes(cfg: ReplayConfig, ep: transport.Endpoints) -> list[NodeSpec]:
     """The nodes a replay starts, runtime then control, on endpoints `ep`, logging to cfg.out (procs.nodes
     starts them in sessions of their own: Ctrl-C reaches only the replayer, which stops them with a Stop
@@ -199,7 +193,7 @@ def replay_nodes(cfg: ReplayConfig, ep: transport.Endpoints) -> list[NodeSpec]:
             NodeSpec("control", (cfg.control, ep), "control", cfg.out / "control.log", cfg.fork_nodes)]
 
 
-def _stream(log: ArmLog, ticks: np.ndarray, stride: int, obs_pub, cmd_rx, chunk_rx, deadline_ms: float,
+def stream(log: ArmLog, ticks: np.ndarray, stride: int, obs_pub, cmd_rx, chunk_rx, deadline_ms: float,
             settle_ms: float, on_row=None, pacing: ReplayConfig | None = None, progress=None) -> Recording:
     """Publish every sample at its tick on an absolute schedule (sim/pacing.py: time scale, skip-ahead after a
     stall unless catch_up, or as fast as possible), through the network fault injector when pacing.faults is
@@ -335,7 +329,7 @@ def _collect(cmd_rx, chunk_rx, rec: Recording, grabbed: list = ()) -> None:
     rec.malformed = cmd_rx.malformed + chunk_rx.malformed
 
 
-def _drain(cmd_rx, chunk_rx, rec: Recording, status_rx=None, limit: int = 256) -> None:
+def drain(cmd_rx, chunk_rx, rec: Recording, status_rx=None, limit: int = 256) -> None:
     """After the nodes exited (procs.nodes.NodeGroup.finish: Stop repeated, stragglers terminated): what is still
     queued. A node that died mid-run does not lose the run: its missing commands are already counted as misses,
     and the report records the exit code. The newest Stats of each node (their last one is sent at exit) land

@@ -15,7 +15,7 @@ from edgeinfer.logs.arm_log import ArmLog, synthetic_log
 from edgeinfer.sim.config import ReplayConfig
 from edgeinfer.sim.faults import NetworkFaultConfig
 from edgeinfer.sim.pacing import SpinTail, scaled_period_ns, send_timing_report, should_skip
-from edgeinfer.sim.replay import _stream
+from edgeinfer.sim.replay import stream
 from edgeinfer.sim.schedule import tick_grid
 
 STRIDE = 5
@@ -47,7 +47,7 @@ def _replay(sockets, log: ArmLog, stall_at: int | None = None, stall_ms: float =
         if i == stall_at:
             time.sleep(stall_ms / 1e3)
 
-    rec = _stream(log, tick_grid(log), STRIDE, pub, cmd_rx, chunk_rx, 1.0, 50.0, pacing=ReplayConfig(**pacing),
+    rec = stream(log, tick_grid(log), STRIDE, pub, cmd_rx, chunk_rx, 1.0, 50.0, pacing=ReplayConfig(**pacing),
                   progress=progress)
     time.sleep(0.05)
     msgs = sub.drain()

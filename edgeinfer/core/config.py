@@ -254,6 +254,15 @@ def first_sentence(text: str) -> str:
 
 # --------------------------------------------------------------------------------------------- command line
 
+def field_default(f: dataclasses.Field) -> Any:
+    """A dataclass field's default (a fresh one from its default_factory); dataclasses.MISSING when it has none."""
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    return dataclasses.MISSING
+
+
 def _leaves(cls, path=()) -> list[tuple[tuple[str, ...], Any, Any, str, type]]:
     """(dotted path, type, default, documentation, owning class) for every non-dataclass field, depth first."""
     hints = typing.get_type_hints(cls)
@@ -264,13 +273,9 @@ def _leaves(cls, path=()) -> list[tuple[tuple[str, ...], Any, Any, str, type]]:
         if dataclasses.is_dataclass(tp):
             out += _leaves(tp, path + (f.name,))
         else:
-            if f.default is not dataclasses.MISSING:
-                default = f.default
-            elif f.default_factory is not dataclasses.MISSING:
-                default = f.default_factory()
-            else:
-                default = "required"
-            out.append((path + (f.name,), tp, default, docs.get(f.name, ""), cls))
+            default = field_default(f)
+            out.append((path + (f.name,), tp, "required" if default is dataclasses.MISSING else default,
+                        docs.get(f.name, ""), cls))
     return out
 
 

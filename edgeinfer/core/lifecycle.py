@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import signal
 
 PARENT_PID_ENV = "EDGEINFER_PARENT_PID"  # set by whoever starts a node and wants it to die with it
 
@@ -25,3 +26,25 @@ class ParentWatch:
         """Raise RuntimeError when the parent is gone (for handshake `check` hooks)."""
         if self.parent_gone():
             raise RuntimeError(f"parent process {self.ppid} exited")
+
+
+def raise_interrupt(signum, frame):
+    """A signal handler: the signal as Ctrl-C (KeyboardInterrupt), so that the starter's cleanup runs."""
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+class InterruptSignals:
+    """SIGINT and SIGTERM raise KeyboardInterrupt from construction on (a run stops early, its report and
+    teardown still come); ignore() them for the teardown, so that a second Ctrl-C cannot cut it short; restore()
+    the handlers there were before."""
+
+    def __init__(self, signals: tuple[int, ...] = (signal.SIGINT, signal.SIGTERM)):
+        self.previous = {s: signal.signal(s, raise_interrupt) for s in signals}
+
+    def ignore(self) -> None:
+        for s in self.previous:
+            signal.signal(s, signal.SIG_IGN)
+
+    def restore(self) -> None:
+        for s, handler in self.previous.items():
+            signal.signal(s, handler)

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from edgeinfer.core.commands import COMMANDS
-from edgeinfer.core.config import to_argv
+from edgeinfer.core.config import field_default, to_argv
 
 
 @dataclass
@@ -78,13 +78,8 @@ class NodeSpec:
 
 def _default(cls) -> dict:
     """Field name -> default of dataclass `cls` (fields without one are left out: always shown)."""
-    out = {}
-    for f in dataclasses.fields(cls):
-        if f.default is not dataclasses.MISSING:
-            out[f.name] = f.default
-        elif f.default_factory is not dataclasses.MISSING:
-            out[f.name] = f.default_factory()
-    return out
+    defaults = {f.name: field_default(f) for f in dataclasses.fields(cls)}
+    return {name: d for name, d in defaults.items() if d is not dataclasses.MISSING}
 
 
 def _fields(obj, defaults: dict) -> dict:
