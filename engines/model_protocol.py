@@ -32,6 +32,12 @@ Cache kinds: how a rejected draft is forgotten (Engine.rollback(n): positions >=
                   inside the cached positions.
 
 A module may declare `prefix_kind` and `cache_kind` class attributes; TorchModuleEngine's arguments win.
+
+What speculative decoding relies on (checked at load by engines/protocol_check.py): the logits at a position
+depend only on the tokens before it, not on a rejected draft that was fed and rolled back, not on how the
+positions were split into passes, not on the sequence decoded before the last prefill. TorchModuleEngine
+refuses a module that breaks this (a recurrent state, an append cache whose truncate_cache keeps entries)
+with a ProtocolViolation naming the clause, instead of decoding it silently wrong.
 """
 from __future__ import annotations
 
@@ -39,6 +45,8 @@ from typing import Sequence
 
 import numpy as np
 import torch
+
+from edgeinfer.engines.protocol_check import self_test
 
 PREFIX_KINDS = ("obs", "tokens")
 CACHE_KINDS = ("static", "functional", "append")
@@ -52,14 +60,18 @@ class TorchModuleEngine:
     above (default: the module's prefix_kind / cache_kind attributes). step_kwargs: extra keyword arguments
     of every step call (e.g. {"inplace": False} runs engines/model.py's ActionTransformer functionally).
     cfg: the module's `cfg` attribute, if any. Logits come back as float32 numpy (T, V).
+    selftest: decode a short sequence several ways at load (engines/protocol_check.py, about 13 passes) and
+    refuse a module whose cache does not rewind; probe: the prefix it decodes after (default: the prompt
+    [0, 1], or a random observation of cfg.obs_dim). selftest_report: its SelfTestReport (None if skipped).
     Raises ValueError for an unknown kind, a "tokens" prefill without a prompt, or a pass that would leave
-    a gap after the cached positions of an append cache.
+    a gap after the cached positions of an append cache; ProtocolViolation (a ValueError) for a module that
+    fails the self-test.
     """
 
     backend = "torch-module"
 
     def __init__(self, module: torch.nn.Module, prefix: str | None = None, cache: str | None = None, *,
-                 step_kwargs: dict | None = None):
+                 step_kwargs: dict | None = None, selftest: bool = True, probe: np.ndarray | None = None):
         self.prefix_kind = prefix or getattr(module, "prefix_kind", None)
         self.cache_kind = cache or getattr(module, "cache_kind", None)
         if self.prefix_kind not in PREFIX_KINDS:
@@ -74,7 +86,12 @@ class TorchModuleEngine:
         self.dtype, self._dev = param.dtype, param.device
         self.precision, self.device = _PRECISION.get(self.dtype, str(self.dtype)), str(self._dev)
         self._kwargs = step_kwargs or {}
-        self._cache = tuple(module.empty_cache(1, self.dtype, self._dev))
+        self.reset_cache()
+        self.selftest_report = self_test(self, probe) if selftest else None
+
+    def reset_cache(self) -> None:
+        """A fresh cache from module.empty_cache: what a decode started on a new engine sees."""
+        self._cache = tuple(self.module.empty_cache(1, self.dtype, self._dev))
         self._prefix: torch.Tensor | None = None  # the observation (obs kind), for passes away from position 0
         self._offset = 0  # module position of engine position e >= 1 is e + offset (tokens kind: P - 1)
         self._len = 0  # append kind: module positions held by the cache

@@ -93,13 +93,15 @@ def test_speculative_with_llama_draft_equals_target_greedy():
 
 
 def test_append_cache_adapter_matches_static():
-    """HF's DynamicCache through the adapter (cache kind "append": truncated on rollback) decodes the same
-    logits as our static cache, over passes that write junk then roll back; and speculative decoding with an
-    appending target and an appending draft equals target-only greedy."""
+    """HF's DynamicCache through the adapter (cache kind "append": truncated on rollback) passes the load
+    self-test and decodes the same logits as our static cache, over passes that write junk then roll back;
+    and speculative decoding with an appending target and an appending draft equals target-only greedy."""
     hf = _hf_model()
     ours = Llama.from_hf(hf)
     static, append = TorchModuleEngine(ours), TorchModuleEngine(HfDecoder(hf))
     assert (append.prefix_kind, append.cache_kind) == ("tokens", "append")
+    for e in (static, append):  # both passed the load self-test (engines/protocol_check.py) by rounding only
+        assert len(e.selftest_report.worst) == 4 and max(e.selftest_report.worst.values()) < 1e-5
     rng = np.random.default_rng(2)
     prompt = rng.integers(0, 64, 5)
     real = rng.integers(0, 64, 60).tolist()

@@ -1,0 +1,156 @@
+"""Load-time self-test of a bring-your-own model (engines/model_protocol.py): does its cache rewind?
+
+Speculative decoding is exact only if the logits at engine position p depend on the committed tokens before p
+alone: not on a rejected draft that was fed and rolled back, not on how the positions were split into passes,
+not on the sequence decoded before. A module that breaks this (a recurrent state that cannot rewind, an
+append cache whose truncate_cache keeps the entries, a multi-token pass without a causal mask) decodes with
+no error and drifts from target-only decoding a few tokens after the first rejected draft. The self-test
+decodes one short sequence (the probe prefix, then n random tokens) through the engine in several ways and
+compares every logits row with the reference:
+
+    reference            fresh cache (module.empty_cache), the prefill, then one token per pass:
+                         target-only decoding
+    "fresh cache"        a new empty_cache and the prefill again (state kept outside the cache shows here)
+    "multi-token pass"   then all n tokens in one pass (as a verify pass feeds them)
+    "rollback"           then rollback(2), a rejected draft of 3 other tokens at positions 2..4, rollback(2),
+                         and the real tokens at positions 2..n in one pass
+    "prefill"            on that used cache, a new prefill and the n tokens in one pass (the next chunk)
+
+Each clause is checked on a state the clauses before it have cleared, so the first that fails is the one
+broken. A row fails when max |got - reference| exceeds rtol x the largest |reference logit|. Cost: n + 7
+forward passes (13 for n = 6); the module must hold the prefix and n tokens (the prompt's P tokens + n
+positions for prefix kind "tokens").
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+
+if TYPE_CHECKING:
+    from edgeinfer.engines.model_protocol import TorchModuleEngine
+
+ROLLBACK_AT = 2  # the rollback clause keeps engine positions 0 and 1: the prefix and the first token
+JUNK_TOKENS = 3  # the rejected draft's length
+MIN_TOKENS = ROLLBACK_AT + JUNK_TOKENS - 1  # the draft overwrites real positions only
+# relative tolerances: a pass of T tokens may sum in another order than T passes of one token (< 1e-6 of the
+# largest logit in fp32 on CPU; bf16 rounds each op to 4e-3); a stale cache entry moves them by 0.1-0.5
+RTOL = {torch.float64: 1e-6, torch.float32: 1e-3}
+LOW_PRECISION_RTOL = 3e-2  # bf16, fp16 and anything else
+_WRITTEN_BY_POSITION = ("a pass does not overwrite the entries of its positions: a recurrent state, or a cache "
+                        "that grows by appending (declare cache kind 'append' and give truncate_cache)")
+_ROLLBACK_CAUSE = {"static": _WRITTEN_BY_POSITION, "functional": _WRITTEN_BY_POSITION,
+                   "append": "truncate_cache(cache, n) kept what was fed at positions >= n; a recurrent state "
+                             "cannot be cut"}
+
+
+class ProtocolViolation(ValueError):
+    """A module breaks the model protocol. clause: "logits", "fresh cache", "multi-token pass", "rollback" or
+    "prefill"."""
+
+    def __init__(self, clause: str, message: str):
+        super().__init__(message)
+        self.clause = clause
+
+
+@dataclass(frozen=True)
+class SelfTestReport:
+    """worst: clause -> the largest relative logits difference seen (max |got - reference| / max |reference|);
+    rtol: the tolerance applied; passes: forward passes spent."""
+
+    worst: dict[str, float]
+    rtol: float
+    passes: int
+
+
+def default_probe(engine: TorchModuleEngine) -> np.ndarray:
+    """The prefix the self-test decodes after: prefix kind "tokens": the prompt [0, 1]; "obs": a seeded
+    standard normal observation (module.cfg.obs_dim,) float32. Raises ValueError for an "obs" module
+    without cfg.obs_dim (pass probe= instead)."""
+    if engine.prefix_kind == "tokens":
+        return np.array([0, 1], np.int64)
+    obs_dim = getattr(engine.cfg, "obs_dim", None)
+    if obs_dim is None:
+        raise ValueError(f"{type(engine.module).__name__}: prefix kind 'obs' without cfg.obs_dim: pass probe=, "
+                         f"an observation (obs_dim,) float32, for the load self-test")
+    return np.random.default_rng(0).standard_normal(obs_dim).astype(np.float32)
+
+
+def self_test(engine: TorchModuleEngine, probe: np.ndarray | None = None, n_tokens: int = 6,
+              rtol: float | None = None) -> SelfTestReport:
+    """Run the clauses of the module docstring on `engine` (a TorchModuleEngine), then give it a fresh cache.
+
+    probe: the prefix (see default_probe). n_tokens: tokens after it, >= 4. rtol: relative tolerance
+    (default by the module's dtype: RTOL, else LOW_PRECISION_RTOL). Returns a SelfTestReport.
+    Raises ProtocolViolation (a ValueError) naming the module, the clause broken, the engine position and
+    the difference; ValueError for n_tokens < 4 or a probe that default_probe cannot make.
+    """
+    if n_tokens < MIN_TOKENS:
+        raise ValueError(f"self_test: n_tokens must be >= {MIN_TOKENS}, got {n_tokens}")
+    prefix = default_probe(engine) if probe is None else probe
+    name = type(engine.module).__name__
+    m, n = ROLLBACK_AT, n_tokens
+
+    engine.reset_cache()
+    rows = [engine.forward(prefix, (), 0)]
+    vocab = max(rows[0].shape[-1], 2)  # (a narrower row fails the check below)
+    rng = np.random.default_rng(0)
+    real = rng.integers(0, vocab, n).tolist()  # the token at engine position p >= 1 is real[p - 1]
+    junk = ((np.array(real[m - 1:m - 1 + JUNK_TOKENS]) + rng.integers(1, vocab, JUNK_TOKENS))
+            % vocab).tolist()  # differs from the real token at every position
+    rows += [engine.forward(None, [tok], p) for p, tok in enumerate(real, 1)]
+    for p, row in enumerate(rows):
+        if row.shape != (1, vocab) or not np.all(np.isfinite(row)):
+            raise ProtocolViolation("logits", f"{name} breaks the model protocol (logits): the pass at engine "
+                                              f"position {p} gave logits of shape {row.shape}, finite: "
+                                              f"{bool(np.all(np.isfinite(row)))}; expected one finite row of "
+                                              f">= 2 logits per position fed")
+    check = _Checker(name, np.concatenate(rows), RTOL.get(engine.dtype, LOW_PRECISION_RTOL) if rtol is None
+                     else rtol)
+
+    engine.reset_cache()
+    check("fresh cache", engine.forward(prefix, (), 0), 0, 1,
+          "the output depends on state kept outside the cache: a prefill on a new module.empty_cache()")
+    check("multi-token pass", engine.forward(None, real, 1), 1, n + 1,
+          f"a pass of {n} tokens at engine positions 1..{n} differs from {n} single-token passes")
+
+    engine.rollback(m)
+    engine.forward(None, junk, m)
+    engine.rollback(m)
+    check("rollback", engine.forward(None, real[m - 1:], m), m, n + 1,
+          f"rollback({m}) did not forget positions >= {m} ({_ROLLBACK_CAUSE[engine.cache_kind]}): after a "
+          f"rejected draft at positions {m}..{m + JUNK_TOKENS - 1} and rollback({m})")
+
+    check("prefill", engine.forward(prefix, real, 0), 0, n + 1,
+          "a new prefill did not forget the previous sequence (a cache not rewritten or truncated from "
+          "position 0): on a used cache")
+    engine.reset_cache()
+    return SelfTestReport(check.worst, check.rtol, passes=n + 7)
+
+
+class _Checker:
+    """Compares logits rows with the reference (1 + n, V) and records the worst relative difference."""
+
+    def __init__(self, name: str, reference: np.ndarray, rtol: float):
+        self.name, self.ref, self.rtol = name, reference.astype(np.float64), rtol
+        self.scale = max(float(np.abs(self.ref).max()), np.finfo(np.float64).tiny)
+        self.worst: dict[str, float] = {}
+
+    def __call__(self, clause: str, got: np.ndarray, start: int, stop: int, what: str) -> None:
+        """got: the logits rows of engine positions start..stop-1; raises ProtocolViolation when one is off."""
+        want = self.ref[start:stop]
+        head = f"{self.name} breaks the model protocol ({clause}): {what}"
+        if got.shape != want.shape:
+            raise ProtocolViolation(clause, f"{head}: logits of shape {got.shape}, expected {want.shape}")
+        if not np.all(np.isfinite(got)):
+            raise ProtocolViolation(clause, f"{head}: non-finite logits")
+        diff = np.abs(got - want).max(axis=1)  # (rows,)
+        self.worst[clause] = float(diff.max() / self.scale)
+        if self.worst[clause] > self.rtol:
+            i = int(np.argmax(diff > self.rtol * self.scale))  # the first row off
+            raise ProtocolViolation(clause, f"{head}, logits at engine position {start + i} differ from "
+                                            f"the first decode (target-only, from a fresh cache) by {diff[i]:.3g} "
+                                            f"({diff[i] / self.scale:.2g} of the largest logit "
+                                            f"{self.scale:.3g}; tolerance {self.rtol:.2g})")
