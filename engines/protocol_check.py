@@ -24,13 +24,9 @@ positions for prefix kind "tokens").
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
-
-if TYPE_CHECKING:
-    from edgeinfer.engines.model_protocol import TorchModuleEngine
 
 ROLLBACK_AT = 2  # the rollback clause keeps engine positions 0 and 1: the prefix and the first token
 JUNK_TOKENS = 3  # the rejected draft's length
@@ -65,7 +61,7 @@ class SelfTestReport:
     passes: int
 
 
-def default_probe(engine: TorchModuleEngine) -> np.ndarray:
+def default_probe(engine) -> np.ndarray:
     """The prefix the self-test decodes after: prefix kind "tokens": the prompt [0, 1]; "obs": a seeded
     standard normal observation (module.cfg.obs_dim,) float32. Raises ValueError for an "obs" module
     without cfg.obs_dim (pass probe= instead)."""
@@ -78,7 +74,7 @@ def default_probe(engine: TorchModuleEngine) -> np.ndarray:
     return np.random.default_rng(0).standard_normal(obs_dim).astype(np.float32)
 
 
-def self_test(engine: TorchModuleEngine, probe: np.ndarray | None = None, n_tokens: int = 6,
+def self_test(engine, probe: np.ndarray | None = None, n_tokens: int = 6,
               rtol: float | None = None) -> SelfTestReport:
     """Run the clauses of the module docstring on `engine` (a TorchModuleEngine), then give it a fresh cache.
 
