@@ -22,6 +22,11 @@ import numpy as np
 from edgeinfer.core.wire import ActionChunk
 
 
+def end_ns(c: ActionChunk) -> int:
+    """The last instant the chunk covers (monotonic ns): its anchor time plus H steps."""
+    return c.t_obs_ns + (len(c.steps_rad) - 1) * c.step_ns
+
+
 def target_at(c: ActionChunk, t_ns: int) -> np.ndarray | None:
     """The chunk's interpolated target (D,) at t_ns, None outside its span."""
     u = (t_ns - c.t_obs_ns) / c.step_ns  # position in chunk steps
@@ -56,6 +61,10 @@ class ChunkBuffer:
             return True
         self._chunks.appendleft(chunk)
         return True
+
+    def covered_until_ns(self) -> int | None:
+        """The last instant a kept chunk covers (monotonic ns); None when none is kept."""
+        return max((end_ns(c) for c in self._chunks), default=None)
 
     def clear(self) -> None:
         """Forget every chunk (their runtime is gone: nothing it planned is trusted any more)."""

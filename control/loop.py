@@ -5,23 +5,30 @@ shared monotonic clock). Per tick it takes every pending chunk and the newest ob
 the newest chunk that covers the tick, clamps it to the safety limits and sends a JointCommand. When no
 chunk covers the tick the watchdog holds the last command (rung "hold"): the robot always gets a command.
 
-The runtime's liveliness (edgeinfer.core.liveliness): it is dead from the moment its connection drops (socket
-monitor) or its Heartbeat lease expires, and the loop holds from the next tick on, its chunks forgotten.
-A restarted runtime (a new process on the same endpoint) is reconnected by ZMQ and trusted again from its
-first Heartbeat; no restart of this loop is needed. Chunks whose whole horizon has passed are discarded
-(chunks_expired), as are chunks older than the newest (chunks_superseded); a non-finite target never
-leaves (the clamp replaces it with the last command; nonfinite_targets). Heartbeats, Stats and
-rate-limited ErrorEvents go out on the status PUB when Endpoints.status is set.
+The runtime's liveliness (edgeinfer.core.liveliness): it is lost from the moment its connection drops (socket
+monitor) or its Heartbeat lease expires. The lease follows the measured link (1.5 x the longest recent gap
+between its Heartbeats, never shorter than the lease it announces, never longer than runtime_lease_max_periods
+control periods), so a runtime that stops beating is declared lost within two periods. A lost runtime may
+be only late (a stalled link: it beats again, `runtime_returned`) or dead; what the loop does meanwhile is
+on_runtime_lost: "finish" follows the chunks already received while they cover the ticks, then holds;
+"hold" forgets them and holds from the next tick. A restarted runtime (a new process on the same endpoint)
+is reconnected by ZMQ and trusted again from its first Heartbeat, the old one's chunks forgotten; no restart
+of this loop is needed. Chunks whose whole horizon has passed are discarded (chunks_expired), as are chunks
+older than the newest (chunks_superseded); a non-finite target never leaves (the clamp replaces it with the
+last command; nonfinite_targets). Heartbeats, Stats (live: overruns and every counter as they happen) and
+ErrorEvents (every runtime loss; other kinds rate-limited) go out on the status PUB when Endpoints.status is
+set; log lines are throttled per kind (edgeinfer.core.throttle).
 """
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from typing import Callable, Literal
 
 import numpy as np
 import zmq
 
-from edgeinfer.control.buffer import ChunkBuffer
+from edgeinfer.control.buffer import ChunkBuffer, end_ns
 from edgeinfer.control.command import CommandCounters, command
 from edgeinfer.control.safety import CommandConfig
 from edgeinfer.core import transport
@@ -45,6 +52,13 @@ class ControlConfig(CommandConfig):
     control_heartbeat_ms: float = 10.0  # Heartbeat period on the status PUB, ms
     control_lease_ms: float = 50.0  # liveliness lease the control loop announces, ms
     control_stats_ms: float = 200.0  # Stats period on the status PUB, ms
+    # What the loop does once the runtime is lost (lease expired or connection dropped; it may be only late):
+    # finish follows the chunks received while they cover the ticks, then holds; hold holds from the next tick.
+    # A late runtime costs no hold under finish.
+    on_runtime_lost: Literal["finish", "hold"] = "finish"
+    # Longest lease granted the runtime, in control periods, so that one that stops beating is lost within two.
+    # The lease is 1.5 x the longest recent gap between its heartbeats, at least the lease it announces.
+    runtime_lease_max_periods: float = 1.75
 
     def __post_init__(self):
         super().__post_init__()
@@ -54,6 +68,9 @@ class ControlConfig(CommandConfig):
                              f"{self.control_stats_ms}")
         if not 0 <= self.phase_ms < 1000 or not 0 <= self.spin_us <= 10_000:
             raise ValueError("ControlConfig.phase_ms must be in [0, 1000) and spin_us in [0, 10000]")
+        if not self.runtime_lease_max_periods > 0:
+            raise ValueError("ControlConfig.runtime_lease_max_periods must be > 0, got "
+                             f"{self.runtime_lease_max_periods}")
         if not 0 <= self.realtime_priority <= 99:
             raise ValueError(f"ControlConfig.realtime_priority must be in 0..99, got {self.realtime_priority}")
 
@@ -64,26 +81,35 @@ class ControlStats(CommandCounters):
     rungs) and the node's own."""
 
     observations: int = 0  # Observation messages received
-    overruns: int = 0
+    obs_superseded: int = 0  # observations dropped unused: a newer one was queued (latest-only)
+    overruns: int = 0  # ticks skipped because the loop ran a whole period or more late (live)
     malformed: int = 0
     malformed_by_kind: dict = field(default_factory=dict)
-    runtime_lost: int = 0  # times the runtime was declared dead (connection dropped or lease expired)
+    runtime_lost: int = 0  # times the runtime was declared lost (connection dropped or lease expired)
+    runtime_expired: int = 0  # of those, by lease expiry
+    runtime_returned: int = 0  # losses after which the same runtime beat again: it was late, not dead
     runtime_restarts: int = 0  # Heartbeats from a new runtime process
-    holds_runtime_dead: int = 0  # holds while the runtime was dead
+    holds_runtime_dead: int = 0  # holds while the runtime was lost
+    commands_after_loss: int = 0  # commands from a lost runtime's chunks (on_runtime_lost = "finish")
+    runtime_lease_us: int = 0  # the lease in force (derived from the measured link), us
+    runtime_gap_max_us: int = 0  # longest recent gap between the runtime's Heartbeats as taken in, us
     chunks_expired: int = 0  # chunks whose whole horizon had passed on arrival: discarded
     chunks_superseded: int = 0  # chunks older than the newest, or anchor-only (the runtime's continue rung)
 
 
 class ControlLoop:
-    """Lifecycle: open() -> handshake() -> run() -> close(); or use as a context manager."""
+    """Lifecycle: open() -> handshake() -> run() -> close(); or use as a context manager. clock: monotonic ns
+    (the tick timing itself is the Ticker's, on the real clock)."""
 
-    def __init__(self, cfg: ControlConfig, endpoints: transport.Endpoints):
-        self.cfg, self.endpoints = cfg, endpoints
+    def __init__(self, cfg: ControlConfig, endpoints: transport.Endpoints, clock: Callable[[], int] = now_ns):
+        self.cfg, self.endpoints, self.clock = cfg, endpoints, clock
         self.buffer = ChunkBuffer(blend_ns=int(cfg.blend_ms * 1e6))
         self.stats = ControlStats()
         self.last_q: np.ndarray | None = None
+        self.last_t_ns: int | None = None  # tick time of the last command (the clamp's measured dt)
         self.last_obs: Observation | None = None
-        self.telemetry = Telemetry("control", cfg.control_stats_ms)
+        self.telemetry = Telemetry("control", cfg.control_stats_ms, clock=clock, publish=self._send_status)
+        self.log = self.telemetry.log
         self.runtime = Lease("runtime", int(50e6))  # until the runtime announces its own lease
         self.status = None
         self.link = None
@@ -98,8 +124,8 @@ class ControlLoop:
         self.ctx = zmq.Context()
         keys = self.endpoints.curve_keys()
         self.auth = transport.start_authenticator(self.ctx, keys)
-        self.obs = transport.Receiver(transport.sub(self.ctx, self.endpoints.obs, curve=keys),
-                                      on_error=self._wire_error)
+        self.obs = transport.Receiver(transport.sub(self.ctx, self.endpoints.obs, hwm=transport.LATEST_HWM,
+                                                    curve=keys), on_error=self._wire_error, latest=Observation)
         self.chunks = transport.Receiver(transport.sub(self.ctx, self.endpoints.chunks, curve=keys),
                                          on_error=self._wire_error)
         self.link = LinkMonitor(self.chunks.sock)
@@ -110,13 +136,11 @@ class ControlLoop:
         return self
 
     def _wire_error(self, e: WireError) -> None:
-        self._report(e.kind, str(e))
+        self.telemetry.report(e.kind, str(e))
 
-    def _report(self, kind: str, text: str) -> None:
-        """Count an error and publish it as a rate-limited ErrorEvent on the status PUB."""
-        event = self.telemetry.error(kind, text)
-        if event is not None and self.status is not None:
-            transport.send(self.status, event)
+    def _send_status(self, msg) -> None:
+        if self.status is not None:
+            transport.send(self.status, msg)
 
     def handshake(self, timeout_s: float = 300.0) -> Start:
         """Report ready once both SUBs hear Hellos, then wait for Start. Raises TimeoutError, or RuntimeError
@@ -138,8 +162,10 @@ class ControlLoop:
             print(f"control: {self.rt_warning}", flush=True)
         ticker = Ticker(start.t0_ns + int(self.cfg.phase_ms * 1e6), start.period_ns, int(self.cfg.spin_us * 1e3))
         period_s = start.period_ns / 1e9
-        self._start = start
+        self.begin(start)
         while (n := ticker.wait()) < start.n_ticks:
+            if ticker.overruns != self.stats.overruns:
+                self._overran(n, ticker.overruns)
             t_tick = start.t0_ns + n * start.period_ns
             if not self._take_messages(t_tick):
                 break
@@ -148,56 +174,83 @@ class ControlLoop:
                 break
             self._command(n, t_tick, period_s)
             self._publish_status()
-        self.stats.overruns = ticker.overruns
-        self._take_messages(now_ns())  # count what arrived for the last tick
+        self._take_messages(self.clock())  # count what arrived for the last tick
         self._refresh_stats()
+        self.log.close()
         if self.status is not None:  # the final Stats, for the replayer's report
             transport.send(self.status, self.telemetry.snapshot())
             self.status.close(linger=200)  # LINGER 0 elsewhere: give that last message a moment to leave
             self.status = None
         return self.stats
 
+    def begin(self, start: Start) -> None:
+        """The run's schedule: the runtime's lease ceiling is runtime_lease_max_periods of its period."""
+        self._start = start
+        self.runtime.ceiling_ns = int(self.cfg.runtime_lease_max_periods * start.period_ns)
+
+    def _overran(self, n: int, overruns: int) -> None:
+        skipped, self.stats.overruns = overruns - self.stats.overruns, overruns
+        self.log.line("overrun", f"overrun: {skipped} tick(s) skipped before tick {n} ({overruns} in all)")
+
     def _take_messages(self, t_tick_ns: int) -> bool:
         """Absorb pending chunks and observations, and the runtime's liveliness; False when the run was stopped."""
-        t = now_ns()
-        if self.link is not None and self.link.poll()[1]:  # its connection dropped: the process is gone
+        t, runtime = self.clock(), self.runtime
+        if self.link is not None and self.link.poll()[1] and runtime.alive:  # its connection dropped: it is gone
+            runtime.drop(t)
             self._runtime_lost(t, "connection dropped")
         for msg in self.chunks.drain():
             if isinstance(msg, ActionChunk):
-                if not self.runtime.alive:  # sent before it was declared dead, or before its re-handshake
+                if not self._trusted():  # sent before it was declared lost ("hold"), or before its re-handshake
                     self.stats.chunks_superseded += 1
-                elif msg.t_obs_ns + (len(msg.steps_rad) - 1) * msg.step_ns < t_tick_ns:
+                elif end_ns(msg) < t_tick_ns:
                     self.stats.chunks_expired += 1  # its whole horizon has passed: nothing in it is still due
                 elif not self.buffer.push(msg):
                     self.stats.chunks_superseded += 1
-            elif isinstance(msg, Heartbeat):
-                was = (self.runtime.alive, self.runtime.restarts)
-                self.runtime.beat(msg, t)
-                if self.runtime.restarts != was[1]:  # a new process: nothing the old one planned is trusted
-                    self.buffer.clear()
-                if (self.runtime.alive, self.runtime.restarts) != was:
-                    print(f"control: runtime {msg.instance} alive", flush=True)
-        if self.runtime.alive and not self.runtime.check(t):
-            self._runtime_lost(t, f"no heartbeat for {self.runtime.lease_ns / 1e6:.0f} ms (lease expired)")
-        for msg in self.obs.drain():
-            if isinstance(msg, Observation):
-                self.last_obs = msg
-                self.stats.observations += 1
-            elif isinstance(msg, Stop):
-                return False
-        return True
+            elif isinstance(msg, Heartbeat) and msg.sender == "runtime":
+                self._runtime_beat(msg, t)
+        if runtime.alive and not runtime.check(t):
+            self._runtime_lost(t, f"no heartbeat for {(t - runtime.last_ns) / 1e6:.1f} ms "
+                               f"(lease {runtime.lease_ns / 1e6:.1f} ms expired)")
+        got = self.obs.recv_latest(0)  # latest-only: the newest observation (older ones: obs.stale_dropped)
+        if got.msg is not None:
+            self.last_obs = got.msg
+        self.stats.observations += got.count
+        return not any(isinstance(m, Stop) for m in got.others)
+
+    def _runtime_beat(self, hb: Heartbeat, t_ns: int) -> None:
+        runtime = self.runtime
+        joined, restarts = runtime.joined, runtime.restarts
+        gap = runtime.beat(hb, t_ns)
+        if gap is not None:
+            self.telemetry.observe_ns("runtime_heartbeat_gap", gap)
+        if runtime.restarts != restarts:  # a new process: nothing the old one planned is trusted
+            self.buffer.clear()
+        if runtime.joined != joined:  # back: it was late, not dead
+            how = runtime.joined_as
+            self.log.line(f"runtime_{how}", f"runtime {hb.instance} {how}; lease {runtime.lease_ns / 1e6:.1f} ms")
+            if runtime.ceiling_ns is not None and runtime.announced_ns > runtime.ceiling_ns:
+                self.log.line("lease_over_ceiling", f"runtime {hb.instance} announces a {hb.lease_ns / 1e6:g} ms "
+                              f"lease, longer than runtime_lease_max_periods ({runtime.ceiling_ns / 1e6:g} ms): "
+                              "a dead runtime is found later; beat it faster (--runtime-heartbeat-ms, -lease-ms)")
 
     def _runtime_lost(self, t_ns: int, why: str) -> None:
-        if self.runtime.alive:
-            self.runtime.drop(t_ns)
-            # nothing a dead runtime planned is trusted (a Heartbeat still queued from it could revive it):
-            # hold until a live one plans again
+        """The runtime was just declared lost: an ErrorEvent every time, and on_runtime_lost applied."""
+        end = self.buffer.covered_until_ns()
+        if self.cfg.on_runtime_lost == "hold" or end is None:  # "hold": nothing it planned is trusted any more
             self.buffer.clear()
-            self._report("runtime_lost", f"runtime {self.runtime.instance}: {why}; holding")
+            then = "holding"
+        else:
+            then = f"following its chunks while they cover the ticks ({max(0, end - t_ns) / 1e6:.0f} ms), then holding"
+        self.telemetry.report("runtime_lost", f"runtime {self.runtime.instance} lost: {why}; {then}", every=True)
+
+    def _trusted(self) -> bool:
+        """Whether the runtime's chunks are followed: while it is alive, and while lost unless on_runtime_lost is
+        "hold" (a new process's chunks follow its first Heartbeat, which forgets the old one's)."""
+        return self.runtime.alive or self.cfg.on_runtime_lost == "finish"
 
     def _publish_status(self) -> None:
         """Heartbeat (and Stats when due) on the status PUB, at most once per control_heartbeat_ms."""
-        t = now_ns()
+        t = self.clock()
         if self.status is None or t < self._next_beat_ns:
             return
         self._next_beat_ns = t + int(self.cfg.control_heartbeat_ms * 1e6)
@@ -214,23 +267,29 @@ class ControlLoop:
     def _refresh_stats(self) -> None:
         st = self.stats
         st.malformed = self.obs.malformed + self.chunks.malformed
+        st.obs_superseded = self.obs.stale_dropped
         st.malformed_by_kind = dict(self.obs.malformed_by_kind + self.chunks.malformed_by_kind)
-        st.runtime_lost, st.runtime_restarts = self.runtime.lost, self.runtime.restarts
+        rt = self.runtime
+        st.runtime_lost, st.runtime_expired, st.runtime_returned = rt.lost, rt.expired, rt.returned
+        st.runtime_restarts, st.runtime_lease_us, st.runtime_gap_max_us = rt.restarts, rt.lease_ns // 1000, \
+            rt.gaps.max() // 1000
         counters = {k: v for k, v in vars(st).items() if isinstance(v, int)}
         counters.update({f"malformed.{k}": v for k, v in st.malformed_by_kind.items()})
         self.telemetry.counters.update(counters)
 
     def _command(self, n: int, t_tick_ns: int, period_s: float) -> None:
-        # a dead runtime's chunks are not trusted: hold (control/command.py: the path the Controller shares)
-        cmd = command(self.buffer if self.runtime.alive else None, t_tick_ns, self.last_q,
+        # untrusted chunks (on_runtime_lost): hold (control/command.py: the path the Controller shares)
+        cmd = command(self.buffer if self._trusted() else None, t_tick_ns, self.last_q, self.last_t_ns,
                       self.last_obs.q_rad if self.last_obs is not None else None, self.cfg.limits, period_s,
                       self.stats)
         if cmd is None:
             return  # no state at all yet: nothing safe to command; the replayer counts it lost
-        self.stats.holds_runtime_dead += cmd.rung == "hold" and not self.runtime.alive
-        self.last_q = cmd.q_rad
+        if not self.runtime.alive:
+            self.stats.holds_runtime_dead += cmd.rung == "hold"
+            self.stats.commands_after_loss += cmd.rung != "hold"
+        self.last_q, self.last_t_ns = cmd.q_rad, t_tick_ns
         obs_seq = self.last_obs.seq if self.last_obs is not None else -1
-        t_send = now_ns()
+        t_send = self.clock()
         transport.send(self.commands, JointCommand(n, obs_seq, cmd.chunk_obs_seq, t_send, cmd.q_rad, cmd.rung))
         self.telemetry.observe_ns("tick_lateness", t_send - t_tick_ns)
 

@@ -14,6 +14,10 @@ class SafetyLimits:
     q_min_rad: list[float] = field(default_factory=lambda: [-2.967] * 6)  # lower joint position limits, rad
     q_max_rad: list[float] = field(default_factory=lambda: [2.967] * 6)  # upper joint position limits, rad
     qd_max_rad_s: float = 2.0  # joint speed limit between two commands, rad/s (every joint)
+    # The longest gap between two commands the speed limit is spread over, s: after a longer one (a stall) the
+    # step is limited as if this long had passed (or one control period, if that is longer), so a stall never
+    # turns into a jump.
+    dt_max_s: float = 0.1
 
     def __post_init__(self):
         if not np.all(np.isfinite(np.r_[self.q_min_rad, self.q_max_rad, self.qd_max_rad_s])):
@@ -24,9 +28,12 @@ class SafetyLimits:
             raise ValueError("SafetyLimits.q_min_rad must be below q_max_rad for every joint")
         if self.qd_max_rad_s <= 0:
             raise ValueError(f"SafetyLimits.qd_max_rad_s must be > 0, got {self.qd_max_rad_s}")
+        if not self.dt_max_s > 0:
+            raise ValueError(f"SafetyLimits.dt_max_s must be > 0, got {self.dt_max_s}")
 
-    def clamp(self, q_rad: np.ndarray, q_last_rad: np.ndarray | None, period_s: float) -> tuple[np.ndarray, bool]:
-        """Clamp to the position box and to qd_max from the last command. Returns (q_rad, was_clamped).
+    def clamp(self, q_rad: np.ndarray, q_last_rad: np.ndarray | None, dt_s: float) -> tuple[np.ndarray, bool]:
+        """Clamp q_rad (D,) to the position box and to qd_max_rad_s * dt_s from the last command q_last_rad (D,),
+        dt_s seconds earlier (control/command.py passes the measured time since it). Returns (q_rad, was_clamped).
 
         A non-finite target is replaced by the last command (or the box centre when there is none).
         """
@@ -35,7 +42,7 @@ class SafetyLimits:
             return np.array(fallback, dtype=np.float64), True
         q = np.clip(q_rad, self.q_min_rad, self.q_max_rad)
         if q_last_rad is not None:
-            step = self.qd_max_rad_s * period_s
+            step = self.qd_max_rad_s * dt_s
             q = np.clip(q, q_last_rad - step, q_last_rad + step)
         return q, bool(np.any(q != q_rad))
 

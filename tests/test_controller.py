@@ -1,11 +1,15 @@
 """The embeddable Controller: on a real Schunk recording every tick gets a finite, limited command at once; on a
 scripted buffer it commands and counts exactly as the control loop does (one command path, control/command.py)."""
+import time
+import warnings
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import zmq
 
+from edgeinfer.control.buffer import ChunkBuffer
+from edgeinfer.control.command import CommandCounters, command
 from edgeinfer.control.loop import ControlConfig, ControlLoop
 from edgeinfer.control.safety import SafetyLimits
 from edgeinfer.core.clock import Ticker, now_ns
@@ -40,8 +44,9 @@ def test_controller_commands_every_tick_and_tracks_the_recording(schunk_dir):
     q = np.array([c.q_rad for c in commands])
     assert np.all(np.isfinite(q))
     assert np.all(q >= np.array(cfg.limits.q_min_rad)) and np.all(q <= np.array(cfg.limits.q_max_rad))
-    # rate limit between consecutive commands (consecutive calls, one period apart for the controller)
-    assert np.all(np.abs(np.diff(q, axis=0)) <= cfg.limits.qd_max_rad_s * cfg.period_ms / 1e3 + 1e-12)
+    # rate limit between consecutive commands, over the time between their ticks (skipped ticks included)
+    dt_s = np.minimum(np.diff(ticks) * cfg.period_ms / 1e3, cfg.limits.dt_max_s)
+    assert np.all(np.abs(np.diff(q, axis=0)) <= cfg.limits.qd_max_rad_s * dt_s[:, None] + 1e-12)
     assert stats.chunks >= 10 and stats.decoder_errors == 0  # one per 5 ticks asked for; a slow CPU decodes fewer
     served = np.array([c.rung != "hold" for c in commands])
     assert served[ticks >= 100].mean() > 0.5  # after the start, chunks cover most ticks (fewer on a slow CPU)
@@ -72,8 +77,8 @@ STEP = 10 * MS
 LIMITS = dict(q_min_rad=[-3.0, -3.0], q_max_rad=[3.0, 3.0], qd_max_rad_s=1000.0)  # only the box clamps
 
 
-def _chunk(t_obs, rows, obs_seq, rung="full"):
-    return ActionChunk(seq=obs_seq, obs_seq=obs_seq, t_obs_ns=t_obs, t_ready_ns=t_obs, step_ns=STEP,
+def _chunk(t_obs, rows, obs_seq, rung="full", step_ns=STEP):
+    return ActionChunk(seq=obs_seq, obs_seq=obs_seq, t_obs_ns=t_obs, t_ready_ns=t_obs, step_ns=step_ns,
                        steps_rad=np.asarray(rows, dtype=np.float64), rung=rung, tokens=0, target_passes=0,
                        drafted=0, accepted=0)
 
@@ -162,3 +167,129 @@ def test_controller_holds_at_the_last_finite_observation_when_nothing_else_is_av
     assert (cmd.rung, cmd.obs_seq) == ("hold", 1)
     np.testing.assert_array_equal(cmd.q_rad, [0.25, 0.5])
     assert (controller.stats.no_state, controller.stats.holds, controller.stats.ticks) == (2, 1, 1)
+
+
+# ---- the caller's real rate: replanning and the clamp go by time; the rate is measured, and warned about -----
+
+V = 0.5  # rad/s: every joint of the ramp policy and of its "arm"
+
+
+class _RampRuntime:
+    """A two-joint policy that decodes at once: every joint moving at V rad/s from the observed position, for
+    H = 8 chunk steps of step_ns. Records when each observation it planned from was taken."""
+
+    def __init__(self, cfg):
+        self.policy = SimpleNamespace(cfg=SimpleNamespace(n_joints=2))
+        self.t_obs = []
+
+    def chunk_timing(self, period_ns):
+        return 5, period_ns * 5  # replan every 5 ticks; a chunk step of 5 ticks (20 ms at 4 ms)
+
+    def step(self, obs, t_start_ns=None, step_ns=STEP, budget=True, on_first_step=None):
+        self.t_obs.append(obs.t_ns)
+        rows = obs.q_rad + V * np.arange(9)[:, None] * step_ns / 1e9
+        return _chunk(obs.t_ns, rows, obs.seq, step_ns=step_ns)
+
+
+class _Clock:
+    t_ns = T
+
+    def __call__(self):
+        return self.t_ns
+
+
+@pytest.fixture
+def ramp(monkeypatch):
+    """A Controller configured for 4 ms (250 Hz) on a fake clock, following the ramp policy; the speed limit
+    (1 rad/s) allows the ramp (V) only over the real time between calls, not over one 4 ms period."""
+    monkeypatch.setattr(controller_module, "PolicyRuntime", _RampRuntime)
+    cfg = ControllerConfig(limits=SafetyLimits(q_min_rad=[-3.0] * 2, q_max_rad=[3.0] * 2, qd_max_rad_s=1.0),
+                           period_ms=4.0, warmup=False, blend_ms=0.0)
+    clock = _Clock()
+    with Controller(cfg, clock=clock) as ctl:
+        yield ctl, clock
+
+
+def _drive(ctl, clock, times_ns):
+    """Call step at each time (fake clock) with the arm's position on the ramp; after each call, wait until the
+    decoder has turned every observation it was handed into a chunk (it decodes at once)."""
+    commands = []
+    for t in times_ns:
+        clock.t_ns = t
+        q = np.full(2, V * (t - T) / 1e9)
+        commands.append(ctl.step(t, Observation(len(commands), t, q, np.full(2, V), q)))
+        deadline = time.monotonic() + 5
+        while ctl.stats.chunks + ctl.stats.obs_dropped < ctl.stats.replans and time.monotonic() < deadline:
+            time.sleep(1e-4)
+    return commands
+
+
+def test_controller_called_slower_than_configured_replans_by_time_and_clamps_over_the_measured_dt(ramp):
+    ctl, clock = ramp
+    times = [T + n * 40 * MS for n in range(60)]  # called every 40 ms (25 Hz), configured for 4 ms
+    with warnings.catch_warnings(record=True):
+        commands = _drive(ctl, clock, times)
+    # one replan per chunk step (20 ms) of time: every call, as each is 40 ms after the last (not every 5 calls)
+    assert ctl.runtime.t_obs == times and ctl.stats.replans == ctl.stats.chunks == 60
+    # no holds while a chunk covers the time: only the first call may come before the first chunk
+    assert [c.rung for c in commands[1:]] == ["full"] * 59 and ctl.stats.holds <= 1
+    # clamped over the measured 40 ms (0.04 rad at 1 rad/s), not over 4 ms (0.004 rad): the arm is not held back
+    assert ctl.stats.clamped == 0 and ctl.stats.dt_capped == ctl.stats.dt_nonpositive == 0
+    np.testing.assert_allclose([c.q_rad for c in commands[1:]], [[V * (t - T) / 1e9] * 2 for t in times[1:]],
+                               atol=1e-12)
+
+
+def test_controller_measures_the_callers_rate_and_jitter_and_warns_once_per_departure(ramp):
+    ctl, clock = ramp
+    slow = [T + n * 40 * MS + (n % 2) * 5 * MS for n in range(60)]  # 45, 35, 45, ... ms: 25 Hz, jitter 5 ms
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")  # the controller rate-limits its warnings, not Python's filters
+        _drive(ctl, clock, slow)
+        assert ctl.stats.rate_hz == pytest.approx(25.0) and ctl.stats.jitter_ms == pytest.approx(5.0)
+        assert len(caught) == 1 and ctl.stats.rate_departures == 1  # once, not once per call
+        assert issubclass(caught[0].category, RuntimeWarning)
+        assert "25.0 Hz (jitter 5.0 ms), not at the 250.0 Hz of ControllerConfig.period_ms=4.0" in \
+            str(caught[0].message)
+        fast = [slow[-1] + (n + 1) * 4 * MS for n in range(40)]  # back at the configured 250 Hz
+        _drive(ctl, clock, fast)
+        assert ctl.stats.rate_hz == pytest.approx(250.0) and ctl.stats.jitter_ms == pytest.approx(0.0)
+        _drive(ctl, clock, [fast[-1] + (n + 1) * 40 * MS for n in range(40)])  # slow again, < 10 s later
+        assert ctl.stats.rate_departures == 2 and len(caught) == 1  # counted, but not warned again so soon
+
+
+def test_controller_called_faster_than_configured_replans_once_per_chunk_step(ramp):
+    ctl, clock = ramp
+    times = [T + n * MS for n in range(100)]  # every 1 ms (1 kHz), configured for 4 ms
+    with warnings.catch_warnings(record=True):
+        commands = _drive(ctl, clock, times)
+    assert ctl.runtime.t_obs == [T + k * 20 * MS for k in range(5)]  # every 20 ms, not every 5 calls (5 ms)
+    assert ctl.stats.replans == 5 and ctl.stats.rate_hz == pytest.approx(1000.0) and ctl.stats.rate_departures == 1
+    assert ctl.stats.clamped == 0 and all(c.rung == "full" for c in commands[1:])
+
+
+def test_the_command_path_clamps_over_the_measured_dt_capped_after_a_stall():
+    limits = SafetyLimits(q_min_rad=[-3.0], q_max_rad=[3.0], qd_max_rad_s=1.0, dt_max_s=0.1)
+    buffer = ChunkBuffer()
+    buffer.push(_chunk(T, [[2.0], [2.0]], 1, step_ns=100_000 * MS))  # wants 2 rad from T on
+    counters, zero = CommandCounters(), np.zeros(1)
+
+    def q_at(t_ns, last_t_ns):
+        return command(buffer, t_ns, zero, last_t_ns, zero, limits, 0.004, counters).q_rad[0]
+
+    assert q_at(T + 50 * MS, T) == pytest.approx(0.05)  # 50 ms measured: 0.05 rad at 1 rad/s
+    assert q_at(T + 50 * MS, None) == pytest.approx(0.004)  # the first command: one configured period
+    assert q_at(T + 5_000 * MS, T) == pytest.approx(0.1)  # a 5 s stall moves as far as dt_max_s allows
+    assert q_at(T, T) == 0.0  # a tick that is not after the last: no motion
+    assert (counters.dt_capped, counters.dt_nonpositive, counters.clamped) == (1, 1, 4)
+
+
+def test_the_control_loop_clamps_over_the_ticks_since_its_last_command(loop):
+    loop, rx = loop
+    loop.cfg.limits.qd_max_rad_s = 1.0  # 0.01 rad per 10 ms tick
+    loop.buffer.push(_chunk(T, [[2.0, 0.0], [2.0, 0.0]], 1, step_ns=100_000 * MS))  # wants 2 rad from T on
+    loop.last_obs = _obs(0, [0.0, 0.0])
+    loop._command(0, T, 0.01)  # the first command: one period from the measured position
+    np.testing.assert_allclose(rx.recv(200).q_rad, [0.01, 0.0])
+    loop._command(3, T + 30 * MS, 0.01)  # ticks 1 and 2 were overrun and skipped: 30 ms since the last command
+    np.testing.assert_allclose(rx.recv(200).q_rad, [0.04, 0.0])  # not 0.02: a late loop is not held back
+    assert loop.stats.clamped == 2

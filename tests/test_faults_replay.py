@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 from rich.console import Console
 
+from edgeinfer.control.loop import ControlConfig
 from edgeinfer.logs.arm_log import synthetic_log, write_schunk
 from edgeinfer.node.faults import FaultConfig
 from edgeinfer.node.runtime import RuntimeConfig
@@ -31,7 +32,8 @@ def _accounting(report):
 
 
 def _safe(report):
-    assert report["safety"]["commands_checked"] == report["commands_received"]
+    # the safety check covers every command the arm got, the pre-roll's too
+    assert report["safety"]["commands_checked"] == report["commands_received"] + report["start_up"]["commands_received"]
     assert report["safety"] == {**report["safety"], "nonfinite": 0, "outside_position_limits": 0,
                                 "over_velocity_limit": 0}
 
@@ -70,8 +72,10 @@ def test_runtime_killed_then_restarted_holds_and_recovers(tmp_path):
     # fork_nodes: the restarted runtime is a fork of a process that imported edgeinfer once, so that its start
     # takes a second, not the 5+ s of a cold torch import on a loaded 2-core machine (the recovery, not the
     # import, is under test)
+    # on_runtime_lost "hold": the strict reading (no command from a lost runtime's chunks after it is found lost);
+    # the default "finish" follows its last chunk to the end first (tests/test_control_live.py)
     cfg = ReplayConfig(log=_log(tmp_path, 14.0), out=tmp_path / "out", runtime=runtime, kill_runtime_at_tick=500,
-                       restart_runtime_after_ms=100.0, fork_nodes=True)
+                       restart_runtime_after_ms=100.0, fork_nodes=True, control=ControlConfig(on_runtime_lost="hold"))
     report = replay(cfg, Console(quiet=True))
     _accounting(report)
     _safe(report)

@@ -7,12 +7,18 @@ connection itself (a ZMQ socket monitor), so a dead peer is noticed from whichev
 
 A peer becomes alive again only on a Heartbeat received after the loss: a Heartbeat on a SUB proves the
 subscription reached the (possibly new) publisher, so nothing after it is lost to the slow joiner. That is
-the re-handshake after a reconnect; `instance` (the sender's pid) tells a restart from a blip.
+the re-handshake after a reconnect; `instance` (the sender's pid) tells a restart from a blip, and a loss
+after which the same instance beats again was a late peer, not a dead one (`returned`).
+
+The lease can follow the measured link: LEASE_GAP_FACTOR x the longest gap between the peer's Heartbeats
+(as taken in) among the last GAP_WINDOW, never shorter than the lease the peer announces (its promise) and
+never longer than the caller's ceiling (how long it may go without knowing).
 """
 from __future__ import annotations
 
 import os
 import threading
+from collections import deque
 from typing import Callable
 
 import zmq
@@ -21,35 +27,96 @@ from zmq.utils.monitor import recv_monitor_message
 from edgeinfer.core.clock import now_ns
 from edgeinfer.core.wire import Heartbeat, Start
 
+LEASE_GAP_FACTOR = 1.5  # a derived lease: this many times the longest recent heartbeat gap
+GAP_WINDOW = 1024  # heartbeat gaps the longest is taken over (2 s of 2 ms beats)
+
+
+class GapWindow:
+    """The longest of the last `n` gaps (ns) added: a sliding-window maximum over a monotonic deque
+    (O(1) amortised per gap). 0 before the first."""
+
+    def __init__(self, n: int = GAP_WINDOW):
+        self.n, self.added = n, 0
+        self._q: deque[tuple[int, int]] = deque()  # (index, gap), gaps strictly decreasing
+
+    def add(self, gap_ns: int) -> None:
+        while self._q and self._q[-1][1] <= gap_ns:
+            self._q.pop()
+        self._q.append((self.added, gap_ns))
+        self.added += 1
+        if self._q[0][0] <= self.added - 1 - self.n:
+            self._q.popleft()
+
+    def max(self) -> int:
+        return self._q[0][1] if self._q else 0
+
+    def clear(self) -> None:
+        self._q.clear()
+
 
 class Lease:
-    """Liveliness of one named peer, fed with its Heartbeats and its connection events.
+    """Liveliness of one named peer, fed with its Heartbeats and its connection events (times: monotonic ns, as
+    the caller took the message in).
+
+    lease_ns: how long the peer may go unheard. Without ceiling_ns, the lease the peer announces
+    (Heartbeat.lease_ns; `default_lease_ns` until it does). With ceiling_ns, derived from the measured link:
+    LEASE_GAP_FACTOR x the longest of the last GAP_WINDOW gaps between its Heartbeats of one instance (a gap
+    across a dropped connection or a restart is not the link's), clamped to [announced, ceiling_ns]; the
+    announced lease wins over a smaller ceiling (the peer cannot beat faster than it does).
 
     Counters: `joined` (times it became alive), `lost` (times it was declared dead: lease expiry or a
-    dropped connection), `restarts` (a Heartbeat from a new instance), `expired` (losses by lease expiry).
+    dropped connection), `restarts` (a Heartbeat from a new instance), `expired` (losses by lease expiry),
+    `returned` (losses after which the same instance beat again: it was late, not dead). `joined_as`: how it
+    last became alive ("alive": the first time, "back": returned, "restarted": a new instance).
     """
 
-    def __init__(self, peer: str, default_lease_ns: int):
+    def __init__(self, peer: str, default_lease_ns: int, ceiling_ns: int | None = None):
         self.peer = peer
-        self.lease_ns = default_lease_ns  # replaced by the lease the peer announces
+        self.announced_ns = self.lease_ns = default_lease_ns
+        self.ceiling_ns = ceiling_ns
+        self.gaps = GapWindow()
         self.alive = False
         self.instance = -1
         self.last_ns = 0
+        self._gap_from: int | None = None  # the last Heartbeat's time, while gaps from it are the link's
         self.lost_at_ns: int | None = None  # when it was last declared dead (None: never)
-        self.joined = self.lost = self.restarts = self.expired = 0
+        self.joined = self.lost = self.restarts = self.expired = self.returned = 0
+        self.joined_as = ""
 
-    def beat(self, hb: Heartbeat, t_ns: int) -> None:
+    def beat(self, hb: Heartbeat, t_ns: int) -> int | None:
+        """Take one Heartbeat in at t_ns. Returns the gap (ns) since the previous one of the same instance, None
+        when there is none (first, after a restart or a dropped connection, or another peer's)."""
         if hb.sender != self.peer:
-            return
+            return None
+        gap = t_ns - self._gap_from if self._gap_from is not None else None
+        joined_as = "alive"
         if self.instance != -1 and hb.instance != self.instance:
             self.restarts += 1
-        self.instance, self.last_ns, self.lease_ns = hb.instance, t_ns, hb.lease_ns
+            self.gaps.clear()
+            gap, joined_as = None, "restarted"
+        elif not self.alive and self.lost_at_ns is not None:
+            self.returned += 1
+            joined_as = "back"
+        if gap is not None:
+            self.gaps.add(gap)
+        self.instance, self.last_ns, self._gap_from, self.announced_ns = hb.instance, t_ns, t_ns, hb.lease_ns
+        self.lease_ns = self._derive()
         if not self.alive:
-            self.alive = True
+            self.alive, self.joined_as = True, joined_as
             self.joined += 1
+        return gap
+
+    def _derive(self) -> int:
+        if self.ceiling_ns is None:
+            return self.announced_ns
+        return max(self.announced_ns, min(self.ceiling_ns, int(LEASE_GAP_FACTOR * self.gaps.max())))
 
     def drop(self, t_ns: int) -> None:
         """The peer's connection went down (or the caller knows it is gone)."""
+        self._gap_from = None
+        self._lose(t_ns)
+
+    def _lose(self, t_ns: int) -> None:
         if self.alive:
             self.alive = False
             self.lost += 1
@@ -59,7 +126,7 @@ class Lease:
         """Whether the peer is alive at t_ns (expires the lease when due)."""
         if self.alive and t_ns - self.last_ns > self.lease_ns:
             self.expired += 1
-            self.drop(t_ns)
+            self._lose(t_ns)
         return self.alive
 
 

@@ -5,12 +5,18 @@ rate and gets a JointCommand back at once. Decoding runs on a worker thread with
 deadline planner as `edgeinfer serve` (its budget runs from the observation's time), so a tick never waits
 for the policy:
 
-    step(t_ns, obs)   every replan_every_ticks ticks, hand obs to the decoder (latest-only: an observation
-                      still waiting when a newer one arrives is dropped and counted)
+    step(t_ns, obs)   measure the caller's rate and jitter on the clock (control/rate.py); warn once when it is
+                      more than rate_tolerance off the configured period (rate_departures)
+                      -> when a replan is due by time (every replan_every_ticks configured periods: one chunk
+                         step, on absolute deadlines), hand obs to the decoder (latest-only: an observation still
+                         waiting when a newer one arrives is dropped and counted)
                       -> control/command.py, the control loop's own command path: the newest chunk that covers
                          t_ns, interpolated, or a hold at the last command (else the last finite observation);
-                         clamped to the safety limits from the last command
+                         clamped to the safety limits from the last command, over the measured time since it
                       -> JointCommand (None before there is any state to command: no_state)
+
+The caller's real rate may differ from period_ms (a LeRobot loop at 12-30 Hz): replanning and the clamp go by
+time, so only the stats and one warning show it.
 
 An observation with a NaN or inf in it is refused, as the control loop's wire decoder refuses it (obs_nonfinite):
 it is neither decoded nor held at.
@@ -21,12 +27,15 @@ taken. torch and onnxruntime release the GIL while they compute, so the caller's
 from __future__ import annotations
 
 import threading
+import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from edgeinfer.control.buffer import ChunkBuffer
 from edgeinfer.control.command import CommandCounters, command
+from edgeinfer.control.rate import RateMeter
 from edgeinfer.control.safety import CommandConfig
 from edgeinfer.core.clock import now_ns
 from edgeinfer.core.wire import ActionChunk, JointCommand, Observation
@@ -42,37 +51,52 @@ class ControllerConfig(CommandConfig):
     # The caller's control period, ms (the policy's chunk step is stride_ticks of it: 4 ms x 5 for the Schunk
     # policy at 250 Hz).
     period_ms: float = 4.0
+    # Warn (once per departure) when the measured call rate is more than this fraction off 1 / period_ms.
+    rate_tolerance: float = 0.2
     warmup: bool = True  # decode warm-up chunks in open(), before the first step (time to first command)
 
     def __post_init__(self):
         super().__post_init__()
         if not 0.1 <= self.period_ms <= 1000:
             raise ValueError(f"ControllerConfig.period_ms must be in [0.1, 1000], got {self.period_ms}")
+        if not 0 < self.rate_tolerance <= 10:
+            raise ValueError(f"ControllerConfig.rate_tolerance must be in (0, 10], got {self.rate_tolerance}")
 
 
 @dataclass
 class ControllerStats(CommandCounters):
     """Counters since open(): the command path's, shared with the control loop (control/command.py: ticks,
-    holds, no_state, clamped, nonfinite_targets, rungs), then chunks decoded, observations dropped (a newer one
-    replaced them before the decoder was free), observations refused for a non-finite value, decoder errors."""
+    holds, no_state, clamped, nonfinite_targets, dt_capped, dt_nonpositive, rungs), then the controller's own; and
+    the caller's measured rate."""
 
-    chunks: int = 0
-    obs_dropped: int = 0
-    obs_nonfinite: int = 0
+    replans: int = 0  # observations handed to the decoder (one per chunk step of time, at most)
+    chunks: int = 0  # chunks decoded into the buffer
+    obs_dropped: int = 0  # observations a newer one replaced before the decoder was free
+    obs_nonfinite: int = 0  # observations refused for a NaN or inf
     decoder_errors: int = 0
+    rate_hz: float = 0.0  # the caller's measured call rate, over its last 32 intervals (control/rate.py)
+    jitter_ms: float = 0.0  # standard deviation of those intervals, ms
+    rate_departures: int = 0  # times that rate left period_ms's rate by more than rate_tolerance (warned)
 
 
 class Controller:
-    """Lifecycle: open() -> step() per tick -> close(); or a context manager. Not thread-safe: one caller."""
+    """Lifecycle: open() -> step() per tick -> close(); or a context manager. Not thread-safe: one caller.
 
-    def __init__(self, cfg: ControllerConfig | None = None):
-        self.cfg = cfg or ControllerConfig()
+    clock: the monotonic clock (ns) the caller's rate is measured on and commands are stamped with (tests inject
+    a fake one)."""
+
+    def __init__(self, cfg: ControllerConfig | None = None, clock: Callable[[], int] = now_ns):
+        self.cfg, self.clock = cfg or ControllerConfig(), clock
         self.stats = ControllerStats()
         self.buffer = ChunkBuffer(blend_ns=int(self.cfg.blend_ms * 1e6))
+        self.period_ns = int(self.cfg.period_ms * 1e6)
+        self.rate = RateMeter(self.period_ns, self.cfg.rate_tolerance)
         self.last_q: np.ndarray | None = None
+        self.last_t_ns: int | None = None  # tick time of the last command (the clamp's measured dt)
         self.last_obs: Observation | None = None  # the newest finite observation
         self.last_error: str | None = None
         self._ticks = 0
+        self._next_replan_ns: int | None = None  # None: the first finite observation is planned from
         self._replan_due = True
         self._pending: Observation | None = None
         self._wake = threading.Condition()
@@ -82,8 +106,8 @@ class Controller:
         self.runtime = PolicyRuntime(self.cfg.runtime)
         if self.cfg.warmup:
             self.runtime.warmup(self.runtime.warmup_observation())
-        period_ns = int(self.cfg.period_ms * 1e6)
-        self.replan_every, self.step_ns = self.runtime.chunk_timing(period_ns)
+        replan_every, self.step_ns = self.runtime.chunk_timing(self.period_ns)
+        self.replan_ns = replan_every * self.period_ns  # replanning goes by time, whatever the caller's rate
         self._worker = threading.Thread(target=self._decode_loop, name="edgeinfer-decoder", daemon=True)
         self._worker.start()
         return self
@@ -100,10 +124,12 @@ class Controller:
                 if np.shape(getattr(obs, name)) != (d,):
                     raise ValueError(f"Controller.step: observation {name} has shape {np.shape(getattr(obs, name))}, "
                                      f"the policy expects ({d},)")
+        self._measure_rate()
         fresh = obs is not None and self._accept(obs)
-        self._replan_due |= self._ticks % self.replan_every == 0
+        self._replan_due |= self._replan_time(t_ns)
         if fresh and self._replan_due:  # a refused observation is not planned from: the next finite one is
             self._replan_due = False
+            self.stats.replans += 1
             with self._wake:
                 self.stats.obs_dropped += self._pending is not None
                 self._pending = obs
@@ -111,13 +137,34 @@ class Controller:
         n, self._ticks = self._ticks, self._ticks + 1
         measured = self.last_obs.q_rad if self.last_obs is not None else None
         with self._wake:  # the decoder thread pushes into the buffer
-            cmd = command(self.buffer, t_ns, self.last_q, measured, self.cfg.limits, self.cfg.period_ms / 1e3,
-                          self.stats)
+            cmd = command(self.buffer, t_ns, self.last_q, self.last_t_ns, measured, self.cfg.limits,
+                          self.period_ns / 1e9, self.stats)
         if cmd is None:
             return None
-        self.last_q = cmd.q_rad
+        self.last_q, self.last_t_ns = cmd.q_rad, t_ns
         obs_seq = self.last_obs.seq if self.last_obs is not None else -1
-        return JointCommand(n, obs_seq, cmd.chunk_obs_seq, now_ns(), cmd.q_rad, cmd.rung)
+        return JointCommand(n, obs_seq, cmd.chunk_obs_seq, self.clock(), cmd.q_rad, cmd.rung)
+
+    def _measure_rate(self) -> None:
+        """The caller's rate and jitter into the stats; one warning when it departs from period_ms."""
+        report = self.rate.tick(self.clock())
+        st, r = self.stats, self.rate
+        st.rate_hz, st.jitter_ms, st.rate_departures = r.rate_hz, r.jitter_ms, r.departures
+        if report:
+            warnings.warn(f"Controller.step is called at {r.rate_hz:.1f} Hz (jitter {r.jitter_ms:.1f} ms), not at "
+                          f"the {r.rate_cfg_hz:.1f} Hz of ControllerConfig.period_ms={self.cfg.period_ms}: "
+                          "replanning and the clamp follow the real time, but set period_ms to the loop's real "
+                          "period", RuntimeWarning, stacklevel=3)
+
+    def _replan_time(self, t_ns: int) -> bool:
+        """True when a replan is due at t_ns: every replan_ns on absolute deadlines from the first; deadlines the
+        caller's ticks passed over are skipped, never caught up."""
+        if self._next_replan_ns is None:
+            self._next_replan_ns = t_ns
+        if t_ns < self._next_replan_ns:
+            return False
+        self._next_replan_ns += ((t_ns - self._next_replan_ns) // self.replan_ns + 1) * self.replan_ns
+        return True
 
     def _accept(self, obs: Observation) -> bool:
         """Keep obs as the newest observation unless a value in it is non-finite (the wire refuses those)."""

@@ -3,7 +3,8 @@ loop's lease, and its parent process.
 
 - A Beacon thread publishes the runtime's Heartbeat every runtime_heartbeat_ms (and the Stats when due) on the
   chunk PUB, so a node busy decoding still beats; the Heartbeat names the control loop it hears.
-- The control loop's Heartbeats on the status SUB feed its Lease (poll() once per loop iteration).
+- The control loop's Heartbeats on the status SUB feed its Lease (poll() once per loop iteration); every loss
+  of it is an ErrorEvent ("control_lost") and a log line, its return a log line (both throttled in the log).
 - ParentWatch: the handshake gives up when the process that started this one is gone.
 """
 from __future__ import annotations
@@ -23,7 +24,7 @@ class RuntimeLiveliness:
 
     def __init__(self, out, heartbeat_ms: float, lease_ms: float, status_rx, telemetry: NodeTelemetry,
                  parent: ParentWatch):
-        self.parent = parent
+        self.parent, self.telemetry = parent, telemetry
         self.status_rx = status_rx
         self.control = Lease("control", int(lease_ms * 1e6))
         self.beacon = Beacon(out, "runtime", heartbeat_ms, lease_ms, self.control, telemetry.telemetry,
@@ -44,10 +45,18 @@ class RuntimeLiveliness:
         """Take the control loop's pending Heartbeats, and expire its lease when due."""
         if self.status_rx is None:
             return
+        control = self.control
         for msg in self.status_rx.drain():
-            if isinstance(msg, Heartbeat):
-                self.control.beat(msg, t_ns)
-        self.control.check(t_ns)
+            if isinstance(msg, Heartbeat) and msg.sender == "control":
+                joined = control.joined
+                control.beat(msg, t_ns)
+                if control.joined != joined:
+                    self.telemetry.log.line(f"control_{control.joined_as}",
+                                            f"control loop {msg.instance} {control.joined_as}")
+        if control.alive and not control.check(t_ns):
+            self.telemetry.report("control_lost", f"control loop {control.instance} lost: no heartbeat for "
+                                  f"{(t_ns - control.last_ns) / 1e6:.1f} ms (lease {control.lease_ns / 1e6:.1f} ms "
+                                  "expired)", every=True)
 
     def stop(self) -> None:
         """Stop beating (before the socket the beacon shares closes). Idempotent."""

@@ -1,5 +1,6 @@
 """A node's telemetry beside its loop: counters and histograms (edgeinfer.core.telemetry.Telemetry), rate-limited
-ErrorEvents, and its Stats, published on the node's own PUB (a transport.LockedSender shared with its beacon)."""
+ErrorEvents, its Stats, published on the node's own PUB (a transport.LockedSender shared with its beacon), and its
+log lines, throttled per kind (edgeinfer.core.throttle.NodeLog: `log.line(kind, text)`)."""
 from __future__ import annotations
 
 from typing import Callable
@@ -14,14 +15,10 @@ class NodeTelemetry:
     at the end of the run."""
 
     def __init__(self, sender: str, stats_ms: float, out, counters: Callable[[], dict[str, int]]):
-        self.telemetry = Telemetry(sender, stats_ms)
+        self.telemetry = Telemetry(sender, stats_ms, publish=out.send)
         self.out, self._counters = out, counters
         self.count, self.observe_ns = self.telemetry.count, self.telemetry.observe_ns  # the loop's two verbs
-
-    def report(self, kind: str, text: str) -> None:
-        """Count an error of `kind`, and publish it as an ErrorEvent unless rate-limited."""
-        if (event := self.telemetry.error(kind, text)) is not None:
-            self.out.send(event)
+        self.report, self.log = self.telemetry.report, self.telemetry.log  # errors (ErrorEvents), log lines
 
     def wire_error(self, e: WireError) -> None:
         self.report(e.kind, str(e))
@@ -34,6 +31,7 @@ class NodeTelemetry:
         """The final Stats, for the replayer's report (after the beacon stopped: it shares the socket)."""
         self.refresh()
         self.out.send(self.telemetry.snapshot())
+        self.log.close()
 
     def summary(self) -> str:
         t = self.telemetry
