@@ -11,6 +11,7 @@ import pytest
 import zmq
 
 from edgeinfer.core.transport import (
+    LATEST_HWM,
     Endpoints,
     Receiver,
     pub,
@@ -21,7 +22,7 @@ from edgeinfer.core.transport import (
     wait_for_hello,
     wait_until_subscribed,
 )
-from edgeinfer.core.wire import Observation
+from edgeinfer.core.wire import Hello, Observation, Start, Stop
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -57,19 +58,62 @@ def test_sockets_are_bounded_and_do_not_linger(ctx, ep):
         pub(ctx, ep.chunks, hwm=0)
 
 
-def test_recv_latest_returns_newest_and_counts_stale(ctx, ep):
-    rx = Receiver(pull(ctx, ep.commands))
-    tx = push(ctx, ep.commands)
-    for seq in range(5):
+def _latest_rx(ctx, ep) -> Receiver:
+    return Receiver(sub(ctx, ep.obs, hwm=LATEST_HWM), latest=Observation)
+
+
+def _subscribed(ctx, ep, rx, hwm=LATEST_HWM):
+    """A PUB on ep.obs whose subscriber rx has heard a Hello (no later message lost to the slow joiner)."""
+    tx = pub(ctx, ep.obs, hwm=hwm)
+    while not isinstance(rx.recv(20), Hello):
+        send(tx, Hello("test", 0, 0))
+    while rx.recv(50) is not None:  # the Hellos still queued
+        pass
+    return tx
+
+
+def test_recv_latest_returns_the_newest_after_a_backlog(ctx, ep):
+    # a stall: 3000 observations queued (far more than READ_LIMIT) before the reader reads again
+    rx = _latest_rx(ctx, ep)
+    tx = _subscribed(ctx, ep, rx)
+    received_before = rx.received
+    for seq in range(3000):
         assert send(tx, _obs(seq))
-    time.sleep(0.1)  # let all five cross loopback so one drain sees them
-    got = []
-    while not got or got[-1].seq != 4:  # robust if TCP delivered them in more than one batch
-        got.append(rx.recv_latest(1000))
-        assert got[-1] is not None
-    assert rx.received == 5
-    assert rx.stale_dropped == 5 - len(got) and rx.stale_dropped >= 1
-    assert rx.recv_latest(0) is None
+    time.sleep(0.5)  # all of them across loopback into the reader's queue
+    newest = []
+    for _ in range(50):  # READ_LIMIT at a time: the newest comes back once the queue is read to its end
+        got = rx.recv_latest(0)
+        assert got.others == []
+        if got.msg is not None:
+            newest.append(got.msg.seq)
+        if got.msg is None and got.count == 0:
+            break
+    assert newest == [2999]  # never an older one first (before: seq 256, read while 2999 was queued)
+    assert rx.received - received_before == 3000 and rx.stale_dropped == 2999
+
+
+def test_recv_latest_holds_the_newest_over_the_read_limit(ctx, ep):
+    rx = _latest_rx(ctx, ep)
+    tx = _subscribed(ctx, ep, rx)
+    send(tx, Start(1, 2, 3))
+    tx.send_multipart([b"garbage"])
+    for seq in range(20):
+        send(tx, _obs(seq))
+    send(tx, Stop("end"))
+    time.sleep(0.2)
+    first, second, third = rx.recv_latest(1000, limit=10), rx.recv_latest(0, limit=10), rx.recv_latest(0, limit=10)
+    assert (first.msg, [type(m) for m in first.others], first.count) == (None, [Start], 8)  # + garbage + Start
+    assert (second.msg, second.others, second.count) == (None, [], 10)
+    assert (third.msg.seq, third.others, third.count) == (19, [Stop("end")], 2)
+    assert (rx.stale_dropped, rx.malformed_by_kind["garbage"]) == (19, 1)
+    assert rx.recv_latest(0) == (None, [], 0)
+
+
+def test_a_latest_only_reader_needs_a_deep_queue(ctx, ep):
+    with pytest.raises(ValueError, match="RCVHWM is 100.*LATEST_HWM"):
+        Receiver(sub(ctx, ep.obs), latest=Observation)
+    with pytest.raises(ValueError, match="latest="):
+        Receiver(sub(ctx, ep.chunks)).recv_latest(0)
 
 
 def test_send_never_blocks_when_the_queue_is_full(ctx, ep):

@@ -14,6 +14,7 @@ from edgeinfer.core.wire import (
     JointCommand,
     Observation,
     Start,
+    Stats,
     Stop,
     WireError,
     decode,
@@ -193,10 +194,37 @@ def test_array_names_must_match():
 def test_encode_rejects_non_numeric_and_foreign_types():
     with pytest.raises(WireError, match="q_rad"):
         encode(_cmd(q_rad=np.array(["a"] * D)))
-    with pytest.raises(WireError, match="seq"):
-        encode(_cmd(seq=np.int64(1)))
+    with pytest.raises(WireError, match="field 'seq': cannot encode object"):
+        encode(_cmd(seq=object()))
+    with pytest.raises(WireError, match="field 'counters': cannot encode dict"):
+        encode(Stats("runtime", 1, 2, 3, {"a": object()}, {}))
     with pytest.raises(WireError):
         encode({"schema": "edgeinfer.Stop"})
+
+
+@pytest.mark.parametrize("dtype", [np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32, np.uint64])
+def test_numpy_scalars_encode_as_the_numbers_they_hold(dtype):
+    out = decode(encode(_cmd(seq=dtype(5), obs_seq=np.int64(-1), rung=np.str_("hold"))))
+    assert (out.seq, type(out.seq), out.rung) == (5, int, "hold")
+    stats = Stats(np.str_("control"), np.int64(7), dtype(1), np.int64(2), {"ticks": dtype(9), np.str_("holds"): 0},
+                  {"lat": list(np.array([1, 2, 3], dtype=dtype))})
+    back = decode(encode(stats))
+    assert (back.instance, back.counters, back.histograms) == (7, {"ticks": 9, "holds": 0}, {"lat": [1, 2, 3]})
+
+
+@pytest.mark.parametrize("numpy_value, python_value", [
+    (np.uint64(2**63), 2**63),  # over int64: the receiver's range check
+    (np.uint64(2**64 - 1), 2**64 - 1),
+    (np.float32(1.0), 1.0),  # a float where an int is due
+    (np.float64(2.5), 2.5),
+    (np.bool_(True), True),  # bool is not int, on the wire as in Python
+])
+def test_numpy_scalars_out_of_range_or_of_the_wrong_type_get_the_python_error(numpy_value, python_value):
+    with pytest.raises(WireError) as python_error:
+        encode(_cmd(seq=python_value))
+    with pytest.raises(WireError) as numpy_error:
+        encode(_cmd(seq=numpy_value))
+    assert str(numpy_error.value) == str(python_error.value) and "field 'seq'" in str(numpy_error.value)
 
 
 finite = st.floats(allow_nan=False, allow_infinity=False, width=64)

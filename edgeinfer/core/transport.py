@@ -32,13 +32,18 @@ import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Literal
+from typing import Any, Callable, Literal, NamedTuple
 
 import zmq
 
 from edgeinfer.core.wire import Hello, Message, WireError, decode, encode
 
 DEFAULT_HWM = 100
+# Queue (RCVHWM) of a latest-only reader's socket (Receiver(latest=...)). With a queue of DEFAULT_HWM the ZMQ I/O
+# thread stops reading TCP once it is full, so a backlog waits in the kernel, unseen: a reader that empties the
+# queue takes an old message for the newest. This deep, everything sent arrives in the queue (40 s at 250 Hz).
+LATEST_HWM = 10_000
+READ_LIMIT = 256  # messages one drain() or recv_latest() reads at most: a flood cannot pin the caller
 HELLO_PERIOD_MS = 10
 MAX_MESSAGE_BYTES = 4 * 1024 * 1024  # ZMQ_MAXMSGSIZE of receiving sockets: libzmq drops a peer sending more
 RECONNECT_IVL_MS = 10  # a restarted peer is reconnected to within about this (libzmq's default is 100 ms)
@@ -237,17 +242,31 @@ class LockedSender:
             return send(self.sock, msg)
 
 
+class Latest(NamedTuple):
+    """What Receiver.recv_latest read: the newest message of the Receiver's `latest` type, the other messages."""
+
+    msg: Message | None  # the newest of the type, once the queue was read to its end; None: none, or not there yet
+    others: list[Message]  # every valid message of other types read, oldest first
+    count: int  # messages of the type read by this call: msg, if any, and the older ones it superseded
+
+
 class Receiver:
     """Decoding reader for one socket; malformed messages are counted and skipped, never fatal.
 
     Counters: `received` (valid messages decoded), `malformed` (messages that raised WireError;
     `malformed_by_kind` per wire.ERROR_KINDS, `last_error` keeps the newest text), `stale_dropped`
-    (older messages discarded by `recv_latest`). `on_error(WireError)`, if given, is called for each
-    malformed message (e.g. to publish a rate-limited ErrorEvent). The Receiver does not own the socket
-    unless `close()` is called.
+    (messages of type `latest` superseded by a newer one in `recv_latest`). `on_error(WireError)`, if given, is
+    called for each malformed message (e.g. to publish a rate-limited ErrorEvent). `latest`: the message type
+    this reader takes latest-only (recv_latest); its socket needs RCVHWM >= LATEST_HWM (ValueError otherwise).
+    The Receiver does not own the socket unless `close()` is called.
     """
 
-    def __init__(self, sock: zmq.Socket, on_error: Callable[[WireError], None] | None = None):
+    def __init__(self, sock: zmq.Socket, on_error: Callable[[WireError], None] | None = None,
+                 latest: type | None = None):
+        if latest is not None and sock.getsockopt(zmq.RCVHWM) < LATEST_HWM:
+            raise ValueError(f"Receiver(latest={latest.__name__}): the socket's RCVHWM is "
+                             f"{sock.getsockopt(zmq.RCVHWM)}, a latest-only reader needs >= LATEST_HWM "
+                             f"({LATEST_HWM}): a shallow queue leaves the newest messages unseen in the kernel")
         self.sock = sock
         self.received = 0
         self.malformed = 0
@@ -255,6 +274,8 @@ class Receiver:
         self.stale_dropped = 0
         self.last_error = ""
         self.on_error = on_error
+        self.latest = latest
+        self._newest: Message | None = None  # of type `latest`, read by a recv_latest that did not reach the end
         self._poller = zmq.Poller()  # one for the Receiver's life: Socket.poll builds a new one per call
         self._poller.register(sock, zmq.POLLIN)
 
@@ -285,37 +306,61 @@ class Receiver:
             if msg is not None:
                 return msg
 
-    def drain(self, limit: int = 256) -> list[Message]:
+    def drain(self, limit: int = READ_LIMIT) -> list[Message]:
         """Valid messages already queued, oldest first, from at most `limit` received (valid or not), so that a
         flood (of garbage, say) cannot pin the caller in here: it gets back to its loop and serves what it has."""
         out = []
         for _ in range(limit):
-            if not self._pending():  # cheaper than a NOBLOCK recv raising zmq.Again
+            msg = self._next()
+            if msg is False:
                 break
-            try:
-                frames = self.sock.recv_multipart(flags=zmq.NOBLOCK)
-            except zmq.Again:
-                break
-            msg = self._decode(frames)
             if msg is not None:
                 out.append(msg)
         return out
 
+    def recv_latest(self, timeout_ms: int, limit: int = READ_LIMIT) -> Latest:
+        """The newest queued message of type `latest` and every other valid message, waiting up to `timeout_ms`
+        ms for the first; older messages of the type are dropped (counted in `stale_dropped`).
+
+        Never stale: the newest is returned only once the queue is empty (LATEST_HWM keeps the whole backlog
+        there, not in the kernel). At most `limit` messages are read per call; when more are queued, `msg` is
+        None and the newest so far is kept for the next call, which goes on reading. ZMQ_CONFLATE would keep
+        only the newest in the socket, but it does not support multipart messages.
+        """
+        if self.latest is None:
+            raise ValueError("recv_latest needs a Receiver made with latest=<message type>")
+        others: list[Message] = []
+        count = 0
+        if self._newest is None and not self._pending() and not self._poller.poll(timeout_ms):
+            return Latest(None, others, count)
+        for _ in range(limit):
+            msg = self._next()
+            if msg is False:
+                break
+            if isinstance(msg, self.latest):
+                count += 1
+                self.stale_dropped += self._newest is not None
+                self._newest = msg
+            elif msg is not None:
+                others.append(msg)
+        else:
+            if self._pending():  # the limit, with more queued: the newest is not known yet
+                return Latest(None, others, count)
+        newest, self._newest = self._newest, None  # the queue is empty: the one held is the newest
+        return Latest(newest, others, count)
+
+    def _next(self) -> Message | None | Literal[False]:
+        """The next queued message decoded (None: it was malformed), False when none is queued."""
+        if not self._pending():  # cheaper than a NOBLOCK recv raising zmq.Again
+            return False
+        try:
+            frames = self.sock.recv_multipart(flags=zmq.NOBLOCK)
+        except zmq.Again:
+            return False
+        return self._decode(frames)
+
     def _pending(self) -> bool:
         return bool(self.sock.getsockopt(zmq.EVENTS) & zmq.POLLIN)
-
-    def recv_latest(self, timeout_ms: int) -> Message | None:
-        """Newest queued message, waiting up to `timeout_ms` for the first; older ones are dropped.
-
-        ZMQ_CONFLATE would do this in the socket, but it does not support multipart messages,
-        so we drain in user space and count what we discard in `stale_dropped`.
-        """
-        first = self.recv(timeout_ms)
-        if first is None:
-            return None
-        rest = self.drain()
-        self.stale_dropped += len(rest)
-        return rest[-1] if rest else first
 
     def close(self) -> None:
         self.sock.close(linger=0)

@@ -219,7 +219,17 @@ def _header_struct(cls: type) -> type:
 
 _HEADERS = {_header_struct(cls): cls for cls in _REGISTRY.values()}
 _DECODER = msgspec.msgpack.Decoder(typing.Union[tuple(_HEADERS)])
-_ENCODER = msgspec.msgpack.Encoder()
+
+
+def _numpy_scalar(obj: Any) -> Any:
+    """msgspec's enc_hook: a numpy bool, integer, float or str scalar (np.int64(1) from an array, a sum) as the
+    Python value it holds, which the header then checks like any other (range, type). Raises TypeError otherwise."""
+    if isinstance(obj, np.generic) and obj.dtype.kind in "biufU":
+        return obj.item()
+    raise TypeError(f"Encoding objects of type {type(obj).__name__} is unsupported")  # msgspec's own words
+
+
+_ENCODER = msgspec.msgpack.Encoder(enc_hook=_numpy_scalar)
 _ZEROS = np.zeros(_DIM_BOUNDS["H"][1] * _DIM_BOUNDS["D"][1])
 
 
@@ -345,14 +355,22 @@ def encode(msg: Message) -> list[bytes | memoryview]:
     header["arrays"] = metas
     try:
         packed = _ENCODER.encode(header)
-    except (TypeError, OverflowError) as e:  # a value msgpack cannot carry (a numpy scalar, say): name it
-        bad = [n for n in _SCALARS[cls] if type(header[n]) not in (int, str, dict)]
-        raise WireError(f"{cls.SCHEMA}: {f'field {bad[0]!r}: ' if bad else ''}cannot encode "
-                        f"{type(header[bad[0]]).__name__ if bad else 'the header'} ({e})") from None
+    except (TypeError, OverflowError) as e:  # a value msgpack cannot carry (an int over 64 bits, an object)
+        bad = next(n for n in _SCALARS[cls] if not _encodes(header[n]))
+        raise WireError(f"{cls.SCHEMA}: field {bad!r}: cannot encode {type(header[bad]).__name__} ({e})") from None
     if len(packed) > MAX_HEADER_BYTES:
         raise WireError(f"{cls.SCHEMA}: header is {len(packed)} bytes, limit {MAX_HEADER_BYTES}")
     _header(memoryview(packed))  # what the receiver checks, checked here
     return [packed, *flat]
+
+
+def _encodes(value: Any) -> bool:
+    """True when msgpack can carry `value` (the error path of encode: which field it could not)."""
+    try:
+        _ENCODER.encode(value)
+    except (TypeError, OverflowError):
+        return False
+    return True
 
 
 def _as_bytes(frame: Any, i: int) -> memoryview:
