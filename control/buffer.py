@@ -12,10 +12,17 @@ observations). With blend_ns > 0 the command moves from the previous chunk's tar
 linearly over blend_ns (a cross-fade, the simplest form of real-time chunking's continuity constraint,
 Black et al. 2025, arXiv 2506.07339), so the commanded jump at a boundary is a fraction of the raw one.
 Every boundary's raw jump (max over joints, rad) is kept in `jumps_rad` for the report.
+
+Plausibility: a chunk decodes from a well-formed message, yet its times may still be nonsense (a bit flipped in
+the observation it was planned from, which the runtime stamps into t_obs_ns). Ordered by anchor time, one chunk
+anchored far in the future would become the newest for good and turn every later, correct chunk away while it
+covers nothing, so `offer` refuses it first (`implausible`) and refuses chunks whose whole horizon has passed
+(`expired`).
 """
 from __future__ import annotations
 
 from collections import deque
+from typing import NamedTuple
 
 import numpy as np
 
@@ -37,30 +44,74 @@ def target_at(c: ActionChunk, t_ns: int) -> np.ndarray | None:
     return (1 - w) * c.steps_rad[lo] + w * c.steps_rad[lo + 1]
 
 
-class ChunkBuffer:
-    """keep: chunks kept, newest first. blend_ns: cross-fade at a chunk boundary (0: switch at once)."""
+def implausible(c: ActionChunk, t_ns: int | None, max_lead_ns: int | None = None) -> str | None:
+    """Why chunk `c` cannot be a plan for a robot whose clock reads t_ns (monotonic ns; None: no clock yet, only
+    step_ns is checked), or None when it can.
 
-    def __init__(self, keep: int = 4, blend_ns: int = 0, max_jumps: int = 100_000):
+    A chunk is planned from an observation already taken, so its anchor t_obs_ns cannot lie ahead of the clock by
+    more than a slack: max_lead_ns (None: the chunk's own horizon, H * step_ns: a chunk anchored later than that
+    would only begin after its whole plan should have ended). step_ns must be > 0 (0 divides by zero in
+    target_at; a negative one runs backwards)."""
+    if c.step_ns <= 0:
+        return f"chunk {c.seq} (observation {c.obs_seq}): step_ns {c.step_ns} is not > 0"
+    if t_ns is None:
+        return None
+    lead_ns = c.t_obs_ns - t_ns
+    limit_ns = max_lead_ns if max_lead_ns is not None else (len(c.steps_rad) - 1) * c.step_ns
+    if lead_ns > limit_ns:
+        return (f"chunk {c.seq} (observation {c.obs_seq}): anchored {lead_ns / 1e6:.1f} ms ahead of the clock "
+                f"(t_obs_ns {c.t_obs_ns}, now {t_ns}), more than the {limit_ns / 1e6:.1f} ms a plan can be")
+    return None
+
+
+class Refusal(NamedTuple):
+    """Why ChunkBuffer.offer turned a chunk away: kind "implausible", "expired" or "superseded", and the detail."""
+
+    kind: str
+    detail: str
+
+
+class ChunkBuffer:
+    """keep: chunks kept, newest first. blend_ns: cross-fade at a chunk boundary (0: switch at once).
+    max_lead_ns: how far ahead of the caller's clock a chunk's anchor may lie (None: the chunk's horizon; see
+    `implausible`)."""
+
+    def __init__(self, keep: int = 4, blend_ns: int = 0, max_jumps: int = 100_000, max_lead_ns: int | None = None):
         self._chunks: deque[ActionChunk] = deque(maxlen=keep)  # newest first
         self.blend_ns = blend_ns
+        self.max_lead_ns = max_lead_ns
         self.jumps_rad: deque[float] = deque(maxlen=max_jumps)
         self._serving: ActionChunk | None = None  # the chunk the last sample came from
         self._fade: tuple[ActionChunk, int] | None = None  # (previous chunk, t of the switch) while blending
+        self._t_ns: int | None = None  # the time of the last sample: the clock when offer() is given none
 
-    def push(self, chunk: ActionChunk) -> bool:
-        """Add a chunk; chunks with no target beyond the anchor, or older than the newest, are ignored (False).
-        A chunk of the newest one's observation with more steps replaces it (the rest of an early first step)."""
+    def offer(self, chunk: ActionChunk, t_ns: int | None = None, now_ns: int | None = None) -> Refusal | None:
+        """Take a chunk in. t_ns: the next tick to command (monotonic ns; None: the last sample's, and no time check
+        before the first sample); now_ns: the caller's clock now (None: t_ns). None when the chunk was taken;
+        otherwise why not, and it is ignored: implausible at now_ns (see `implausible`), expired (its whole horizon
+        ends before t_ns), superseded (no target beyond the anchor, older than the newest, or as old with no more
+        steps). A chunk of the newest one's observation with more steps replaces it (the rest of an early first
+        step)."""
         if len(chunk.steps_rad) < 2:
-            return False
+            return Refusal("superseded", "anchor only")
+        t_ns = t_ns if t_ns is not None else self._t_ns
+        if (why := implausible(chunk, now_ns if now_ns is not None else t_ns, self.max_lead_ns)) is not None:
+            return Refusal("implausible", why)
+        if t_ns is not None and end_ns(chunk) < t_ns:
+            return Refusal("expired", "its whole horizon has passed")
         if self._chunks and chunk.t_obs_ns <= self._chunks[0].t_obs_ns:
             head = self._chunks[0]
             if chunk.t_obs_ns < head.t_obs_ns or len(chunk.steps_rad) <= len(head.steps_rad):
-                return False
+                return Refusal("superseded", "older than the newest")
             self._chunks[0] = chunk
             self._serving = chunk if self._serving is head else self._serving
-            return True
+            return None
         self._chunks.appendleft(chunk)
-        return True
+        return None
+
+    def push(self, chunk: ActionChunk, t_ns: int | None = None) -> bool:
+        """offer(chunk, t_ns), as whether the chunk was taken."""
+        return self.offer(chunk, t_ns) is None
 
     def covered_until_ns(self) -> int | None:
         """The last instant a kept chunk covers (monotonic ns); None when none is kept."""
@@ -73,6 +124,7 @@ class ChunkBuffer:
 
     def sample(self, t_ns: int) -> tuple[np.ndarray, str, int] | None:
         """(q_rad (D,), rung, chunk obs_seq) at t_ns, or None when no chunk covers t_ns (watchdog)."""
+        self._t_ns = t_ns
         for i, c in enumerate(self._chunks):
             q = target_at(c, t_ns)
             if q is None:

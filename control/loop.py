@@ -14,10 +14,13 @@ on_runtime_lost: "finish" follows the chunks already received while they cover t
 "hold" forgets them and holds from the next tick. A restarted runtime (a new process on the same endpoint)
 is reconnected by ZMQ and trusted again from its first Heartbeat, the old one's chunks forgotten; no restart
 of this loop is needed. Chunks whose whole horizon has passed are discarded (chunks_expired), as are chunks
-older than the newest (chunks_superseded); a non-finite target never leaves (the clamp replaces it with the
-last command; nonfinite_targets). Heartbeats, Stats (live: overruns and every counter as they happen) and
-ErrorEvents (every runtime loss; other kinds rate-limited) go out on the status PUB when Endpoints.status is
-set; log lines are throttled per kind (edgeinfer.core.throttle).
+older than the newest (chunks_superseded) and chunks that cannot be a plan (chunks_implausible: anchored more
+than a period plus the runtime's lease ceiling ahead of the loop's clock, as a bit flipped in an observation's
+t_ns makes one, or step_ns <= 0), so that no decodable but corrupt chunk becomes the newest and turns the correct
+ones away; a Heartbeat announcing a lease <= 0 is no beat (heartbeats_implausible). A non-finite target never
+leaves (the clamp replaces it with the last command; nonfinite_targets). Heartbeats, Stats (live: overruns and
+every counter as they happen) and ErrorEvents (every runtime loss; other kinds rate-limited) go out on the
+status PUB when Endpoints.status is set; log lines are throttled per kind (edgeinfer.core.throttle).
 """
 from __future__ import annotations
 
@@ -28,7 +31,7 @@ from typing import Callable, Literal
 import numpy as np
 import zmq
 
-from edgeinfer.control.buffer import ChunkBuffer, end_ns
+from edgeinfer.control.buffer import ChunkBuffer
 from edgeinfer.control.command import CommandCounters, command
 from edgeinfer.control.safety import CommandConfig
 from edgeinfer.core import transport
@@ -95,6 +98,8 @@ class ControlStats(CommandCounters):
     runtime_gap_max_us: int = 0  # longest recent gap between the runtime's Heartbeats as taken in, us
     chunks_expired: int = 0  # chunks whose whole horizon had passed on arrival: discarded
     chunks_superseded: int = 0  # chunks older than the newest, or anchor-only (the runtime's continue rung)
+    chunks_implausible: int = 0  # chunks anchored implausibly far ahead of the loop's clock, or step_ns <= 0
+    heartbeats_implausible: int = 0  # runtime Heartbeats announcing a lease <= 0: ignored
 
 
 class ControlLoop:
@@ -184,9 +189,12 @@ class ControlLoop:
         return self.stats
 
     def begin(self, start: Start) -> None:
-        """The run's schedule: the runtime's lease ceiling is runtime_lease_max_periods of its period."""
+        """The run's schedule: the runtime's lease ceiling is runtime_lease_max_periods of its period; a chunk may be
+        anchored at most a period plus that ceiling ahead of the loop's clock (slack for a source that stamps an
+        observation with its tick's scheduled time; on one host an observation is taken before its chunk arrives)."""
         self._start = start
         self.runtime.ceiling_ns = int(self.cfg.runtime_lease_max_periods * start.period_ns)
+        self.buffer.max_lead_ns = start.period_ns + self.runtime.ceiling_ns
 
     def _overran(self, n: int, overruns: int) -> None:
         skipped, self.stats.overruns = overruns - self.stats.overruns, overruns
@@ -200,12 +208,7 @@ class ControlLoop:
             self._runtime_lost(t, "connection dropped")
         for msg in self.chunks.drain():
             if isinstance(msg, ActionChunk):
-                if not self._trusted():  # sent before it was declared lost ("hold"), or before its re-handshake
-                    self.stats.chunks_superseded += 1
-                elif end_ns(msg) < t_tick_ns:
-                    self.stats.chunks_expired += 1  # its whole horizon has passed: nothing in it is still due
-                elif not self.buffer.push(msg):
-                    self.stats.chunks_superseded += 1
+                self._take_chunk(msg, t_tick_ns)
             elif isinstance(msg, Heartbeat) and msg.sender == "runtime":
                 self._runtime_beat(msg, t)
         if runtime.alive and not runtime.check(t):
@@ -216,6 +219,24 @@ class ControlLoop:
             self.last_obs = got.msg
         self.stats.observations += got.count
         return not any(isinstance(m, Stop) for m in got.others)
+
+    def _take_chunk(self, chunk: ActionChunk, t_tick_ns: int) -> None:
+        """Into the buffer, or counted: untrusted (sent before the runtime was declared lost under "hold", or before
+        its re-handshake: superseded), implausible (logged), expired (its whole horizon ended before this tick) or
+        superseded. Plausibility is judged on the loop's clock now, not the tick's time: after a stall the tick
+        runs late, and chunks planned meanwhile are anchored after it."""
+        if not self._trusted():
+            self.stats.chunks_superseded += 1
+            return
+        refusal = self.buffer.offer(chunk, t_tick_ns, self.clock())
+        if refusal is None:
+            return
+        st = self.stats
+        st.chunks_implausible += refusal.kind == "implausible"
+        st.chunks_expired += refusal.kind == "expired"
+        st.chunks_superseded += refusal.kind == "superseded"
+        if refusal.kind == "implausible":
+            self.telemetry.report("chunk_implausible", refusal.detail)
 
     def _runtime_beat(self, hb: Heartbeat, t_ns: int) -> None:
         runtime = self.runtime
@@ -273,6 +294,7 @@ class ControlLoop:
         st.runtime_lost, st.runtime_expired, st.runtime_returned = rt.lost, rt.expired, rt.returned
         st.runtime_restarts, st.runtime_lease_us, st.runtime_gap_max_us = rt.restarts, rt.lease_ns // 1000, \
             rt.gaps.max() // 1000
+        st.heartbeats_implausible = rt.implausible
         counters = {k: v for k, v in vars(st).items() if isinstance(v, int)}
         counters.update({f"malformed.{k}": v for k, v in st.malformed_by_kind.items()})
         self.telemetry.counters.update(counters)

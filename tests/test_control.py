@@ -99,6 +99,41 @@ def test_buffer_keeps_only_the_newest_chunks():
     assert buf.sample(T + MS // 2) is None  # chunk 0, the only one covering this, was evicted
 
 
+def test_a_chunk_anchored_far_ahead_never_becomes_the_newest():
+    # The embedded Controller's way: push() with no time, judged on the last sample's. Anchored 2**40 ns (18 min)
+    # ahead, more than its own 20 ms horizon: refused; the correct chunks after it are taken and followed.
+    buf = ChunkBuffer()
+    assert buf.sample(T) is None
+    bad = chunk(T + 2**40, ROWS, obs_seq=1)
+    assert not buf.push(bad)
+    assert buf.offer(bad).kind == "implausible"
+    assert buf.push(chunk(T, ROWS, obs_seq=2))
+    assert buf.sample(T + STEP)[1:] == ("full", 2)
+    assert buf.push(chunk(T + STEP, ROWS, obs_seq=3))
+    assert buf.sample(T + STEP)[1:] == ("full", 3)
+    # the bound: the chunk's horizon (2 steps) ahead of the clock, or max_lead_ns when given
+    assert buf.offer(chunk(T + 3 * STEP, ROWS, obs_seq=4), T + STEP) is None
+    assert buf.offer(chunk(T + 3 * STEP + 1, ROWS, obs_seq=5), T + STEP).kind == "implausible"
+    strict = ChunkBuffer(max_lead_ns=MS)
+    assert strict.offer(chunk(T + MS + 1, ROWS), T).kind == "implausible"
+    assert strict.offer(chunk(T + MS, ROWS), T) is None
+
+
+def test_a_chunk_with_a_nonpositive_step_is_refused_and_never_sampled():
+    # step_ns 0 would divide by zero at the first sample that reaches it (before: ZeroDivisionError)
+    buf = ChunkBuffer()
+    for step_ns in (0, -STEP):
+        refusal = buf.offer(chunk(T, ROWS, step_ns=step_ns))
+        assert refusal.kind == "implausible" and f"step_ns {step_ns} is not > 0" in refusal.detail
+    assert buf.sample(T) is None
+
+
+def test_a_chunk_whose_horizon_has_passed_is_expired():
+    buf = ChunkBuffer()
+    assert buf.offer(chunk(T, ROWS), T + 2 * STEP + 1).kind == "expired"
+    assert buf.offer(chunk(T, ROWS), T + 2 * STEP) is None  # its last step is still due
+
+
 # ---- safety limits --------------------------------------------------------------------------
 
 

@@ -3,6 +3,7 @@ that stalls, a runtime that dies, the lease derived from the measured link, what
 on_runtime_lost) and how every loss is counted, published and logged; overruns in the live Stats. The
 runtime's messages reach the loop through a fake link with per-message arrival times; commands, Heartbeats,
 Stats and ErrorEvents go to a sink that decodes them."""
+import dataclasses
 from collections import Counter
 
 import numpy as np
@@ -97,9 +98,9 @@ def runtime_messages(*, n_ms: int, hb_ms: float = 2.0, lease_ms: float = 6.0, ho
     return [(arrival(t), m) for t, m in sent if stop_at_ns is None or t < stop_at_ns]
 
 
-def run_loop(messages, n_ticks: int, link=None, **cfg):
-    """Tick the control loop n_ticks times on the injected clock. Returns (loop, sink of commands and status,
-    commands, log lines)."""
+def run_loop(messages, n_ticks: int, link=None, late=None, **cfg):
+    """Tick the control loop n_ticks times on the injected clock (late: {tick: ns} run that late, the ticks it
+    overran skipped). Returns (loop, sink of commands and status, commands, log lines)."""
     clock = Clock(T0)
     loop = ControlLoop(ControlConfig(**cfg), transport.Endpoints("a", "b", "c", "d"), clock=clock)
     lines = []
@@ -109,11 +110,14 @@ def run_loop(messages, n_ticks: int, link=None, **cfg):
     loop.link = link(clock) if link is not None else None
     loop.last_obs = Observation(0, T0, np.zeros(6), np.zeros(6), np.zeros(6))
     loop.begin(Start(T0, PERIOD, n_ticks))
-    for n in range(n_ticks):
-        clock.t = T0 + n * PERIOD + PHASE
-        assert loop._take_messages(clock.t - PHASE)
-        loop._command(n, clock.t - PHASE, PERIOD / 1e9)
+    n = 0
+    while n < n_ticks:
+        t_tick = T0 + n * PERIOD
+        clock.t = t_tick + PHASE + (late or {}).get(n, 0)
+        assert loop._take_messages(t_tick)
+        loop._command(n, t_tick, PERIOD / 1e9)
         loop._publish_status()
+        n = max(n + 1, (clock.t - T0) // PERIOD)  # the Ticker's skip: never a tick a whole period behind
     loop._refresh_stats()
     loop.log.close()
     return loop, loop.status, loop.commands.of(JointCommand), lines
@@ -227,3 +231,71 @@ def test_overruns_are_in_the_live_stats_and_logged_throttled():
     assert last.counters["overruns"] == stats.overruns >= first.counters["overruns"]
     overrun_lines = [line for line in lines if "overrun" in line]
     assert overrun_lines[0].startswith("control: overrun: ") and len(overrun_lines) <= 3
+
+
+# ---- corrupt but decodable messages: none may poison the loop's state ---------------------------------------
+
+
+def replaced(messages, old, new):
+    """The runtime's messages with `old` (a message in them) sent as `new` instead, at the same time."""
+    return [(t, new if m is old else m) for t, m in messages]
+
+
+def chunk_of(messages, obs_seq):
+    return next(m for _, m in messages if isinstance(m, ActionChunk) and m.obs_seq == obs_seq)
+
+
+@pytest.mark.parametrize("field", ["t_obs_ns", "seq"])
+def test_one_corrupt_chunk_does_not_poison_the_newest(field):
+    # The chunk of observation 25 (anchored at 100 ms) arrives with bit 40 flipped, as a bit flip in an observation
+    # the runtime planned from leaves it: in t_obs_ns it is anchored 18 minutes ahead; in seq and obs_seq it names
+    # an observation that never was. Either way every later, correct chunk is followed the tick it is taken in:
+    # no hold, none superseded. (Before the fix the future one became the newest for good: every later chunk was
+    # superseded and the loop fell back to older chunks, then held once they ended, 160 ms later.)
+    msgs = runtime_messages(n_ms=400)
+    good = chunk_of(msgs, 25)
+    if field == "t_obs_ns":
+        bad = dataclasses.replace(good, t_obs_ns=good.t_obs_ns ^ 1 << 40)
+    else:
+        bad = dataclasses.replace(good, seq=good.seq ^ 1 << 40, obs_seq=good.obs_seq ^ 1 << 40)
+    loop, status, cmds, lines = run_loop(replaced(msgs, good, bad), 100)
+    st = loop.stats
+    assert len(cmds) == st.ticks == 100 and st.holds == 0 and st.chunks_superseded == 0 and st.chunks_expired == 0
+    assert {c.rung for c in cmds} == {"full"}
+    # tick n follows the chunk of observation n - 1 (taken in at n); tick 26: the corrupt one, or the one before
+    expected = [c.seq - 1 for c in cmds]
+    expected[26] = 24 if field == "t_obs_ns" else bad.obs_seq
+    assert [c.chunk_obs_seq for c in cmds] == expected
+    implausible = field == "t_obs_ns"
+    assert st.chunks_implausible == implausible
+    # counted in the live Stats (so in the report's node_stats), published and logged
+    assert status.of(Stats)[-1].counters["chunks_implausible"] == implausible
+    events = [e for e in status.of(ErrorEvent) if e.kind == "chunk_implausible"]
+    assert len(events) == implausible and len([line for line in lines if "anchored" in line]) == implausible
+    if implausible:
+        # 2**40 ns ahead of its true anchor, taken in 5 ms after it
+        assert "chunk 25 (observation 25): anchored 1099506.6 ms ahead of the clock" in events[0].detail
+        assert "more than the 11.0 ms a plan can be" in events[0].detail  # a period + the 7 ms lease ceiling
+
+
+def test_chunks_planned_during_a_stall_of_the_loop_are_plausible():
+    # The loop's tick 50 runs 50 ms late (a host stall; ticks 51..61 are skipped): the chunks it takes in are
+    # anchored up to 48 ms after that tick's time, but not after the loop's clock, which plausibility is judged on.
+    loop, _, cmds, _ = run_loop(runtime_messages(n_ms=400), 100, late={50: 50 * MS})
+    st = loop.stats
+    assert st.chunks_implausible == 0 and st.chunks_superseded == 0 and st.ticks == len(cmds) == 100 - 11
+    after = [c for c in cmds if c.seq > 62]
+    assert [c.chunk_obs_seq for c in after] == [c.seq - 1 for c in after] and {c.rung for c in after} == {"full"}
+
+
+def test_a_heartbeat_with_a_nonpositive_lease_is_counted_and_ignored():
+    # The runtime's Heartbeat sent at 100 ms announces a negative lease (a flipped sign bit). Here the lease derived
+    # from the measured link already outweighs it (edgeinfer.core.liveliness.Lease; without a ceiling it would
+    # expire at once: tests/test_lease_plausible.py); it is not taken in, and it is counted.
+    msgs = runtime_messages(n_ms=400)
+    good = next(m for t, m in msgs if isinstance(m, Heartbeat) and t == T0 + 100 * MS)
+    bad = dataclasses.replace(good, lease_ns=-(2**31) + good.lease_ns)
+    loop, status, cmds, _ = run_loop(replaced(msgs, good, bad), 100, on_runtime_lost="hold")
+    st = loop.stats
+    assert st.runtime_lost == 0 and st.holds == 0 and st.heartbeats_implausible == 1
+    assert status.of(Stats)[-1].counters["heartbeats_implausible"] == 1

@@ -66,7 +66,8 @@ class Lease:
 
     Counters: `joined` (times it became alive), `lost` (times it was declared dead: lease expiry or a
     dropped connection), `restarts` (a Heartbeat from a new instance), `expired` (losses by lease expiry),
-    `returned` (losses after which the same instance beat again: it was late, not dead). `joined_as`: how it
+    `returned` (losses after which the same instance beat again: it was late, not dead), `implausible` (Heartbeats
+    announcing a lease <= 0, which would expire at once: corrupt, not taken in). `joined_as`: how it
     last became alive ("alive": the first time, "back": returned, "restarted": a new instance).
     """
 
@@ -80,13 +81,16 @@ class Lease:
         self.last_ns = 0
         self._gap_from: int | None = None  # the last Heartbeat's time, while gaps from it are the link's
         self.lost_at_ns: int | None = None  # when it was last declared dead (None: never)
-        self.joined = self.lost = self.restarts = self.expired = self.returned = 0
+        self.joined = self.lost = self.restarts = self.expired = self.returned = self.implausible = 0
         self.joined_as = ""
 
     def beat(self, hb: Heartbeat, t_ns: int) -> int | None:
         """Take one Heartbeat in at t_ns. Returns the gap (ns) since the previous one of the same instance, None
-        when there is none (first, after a restart or a dropped connection, or another peer's)."""
+        when there is none (first, after a restart or a dropped connection, another peer's, or an implausible one)."""
         if hb.sender != self.peer:
+            return None
+        if hb.lease_ns <= 0:
+            self.implausible += 1
             return None
         gap = t_ns - self._gap_from if self._gap_from is not None else None
         joined_as = "alive"
