@@ -56,7 +56,8 @@ def _library_version(module: str) -> str | None:
     return None
 
 
-def _cpu_model() -> str:
+def cpu_model() -> str:
+    """The CPU's model name: /proc/cpuinfo "model name", else platform.processor() or platform.machine()."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
@@ -69,7 +70,7 @@ def _cpu_model() -> str:
 def device_fields(device: str) -> dict:
     """{"device_name", "compute_capability"} of "cpu" or "cuda[:i]" (capability "major.minor", None on cpu)."""
     if not device.startswith("cuda"):
-        return {"device_name": _cpu_model(), "compute_capability": None}
+        return {"device_name": cpu_model(), "compute_capability": None}
     import torch
 
     index = torch.device(device).index or 0

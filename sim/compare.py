@@ -14,7 +14,10 @@ holds) or "not judged" (no interval or counts to test):
 - injected faults: observations dropped on the network are the replayer's own exact count (no sampling), so
   any difference is real: more is "worse"; the miss rate while the runtime was stalled and in the gap a
   killed runtime left: Fisher's exact test of those rows' misses against the other run's same window, or
-  its whole run's miss rate when it had no such fault.
+  its whole run's miss rate when it had no such fault;
+- time to first command: one sample per run, not judged;
+- the host (CPU, governor, kernel, load, wake-up baseline, real-time grants): shown where the two reports
+  differ, not judged (it says the runs were measured on different machines or conditions, not which is better).
 
 Every figure is a separate test at ALPHA, so with some twenty figures a clean rerun is flagged somewhere
 now and then; a regression that matters shows in several figures or again on a rerun.
@@ -169,8 +172,10 @@ def compare(a: dict, b: dict, alpha: float = ALPHA) -> list[dict]:
     rows.append(_row("latency max", _get(a, "latency_ms", "max"), _get(b, "latency_ms", "max"),
                      _by_exceedance(a, b, alpha), "ms"))
     n_a, n_b = a.get("observations_sent"), b.get("observations_sent")
-    rows.append(_row("miss rate", a.get("miss_rate"), b.get("miss_rate"),
-                     _by_counts(a.get("deadline_misses"), n_a, b.get("deadline_misses"), n_b, True, alpha)))
+    verdict, test = _by_counts(a.get("deadline_misses"), n_a, b.get("deadline_misses"), n_b, True, alpha)
+    if (scope_a := a.get("miss_rate_scope")) != (scope_b := b.get("miss_rate_scope")):
+        test += f"; A {scope_a or 'whole run'}, B {scope_b or 'whole run'}"  # reports before pre-rolls: whole run
+    rows.append(_row("miss rate", a.get("miss_rate"), b.get("miss_rate"), (verdict, test)))
     for outcome in ("late", "lost", "hold"):
         ka, kb = _get(a, "outcomes", outcome), _get(b, "outcomes", outcome)
         if ka is not None or kb is not None:
@@ -200,6 +205,8 @@ def compare(a: dict, b: dict, alpha: float = ALPHA) -> list[dict]:
             rows.append(_row(f"time to chunk {key}", va, vb, _by_intervals(
                 _get(a, "chunks", "time_to_chunk_ci95_ms", key), _get(b, "chunks", "time_to_chunk_ci95_ms", key),
                 True), "ms"))
+    rows.append(_row("time to first command", _get(a, "start_up", "time_to_first_command_ms"),
+                     _get(b, "start_up", "time_to_first_command_ms"), (NOT_JUDGED, "one sample per run"), "ms"))
     if _get(a, "spec", "acceptance_rate") is not None or _get(b, "spec", "acceptance_rate") is not None:
         rows.append(_row("acceptance rate", _get(a, "spec", "acceptance_rate"), _get(b, "spec", "acceptance_rate"),
                          _by_counts(_get(a, "spec", "accepted"), _get(a, "spec", "drafted"),
@@ -209,7 +216,36 @@ def compare(a: dict, b: dict, alpha: float = ALPHA) -> list[dict]:
     rows.append(_row("action RMSE", _get(a, "quality", "action_rmse_rad"), _get(b, "quality", "action_rmse_rad"),
                      _by_intervals(_get(a, "quality", "action_rmse_rad_ci95"),
                                    _get(b, "quality", "action_rmse_rad_ci95"), True), "rad"))
+    rows += host_rows(a, b)
     return [r for r in rows if r["a"] is not None or r["b"] is not None]
+
+
+def _granted(sched) -> str | None:
+    """A process's real-time grant in a report's host.realtime: "granted", "refused", "not asked" (None: absent)."""
+    if not isinstance(sched, dict):
+        return None
+    return {True: "granted", False: "refused"}.get(sched.get("granted"), "not asked")
+
+
+# host figure -> its value in a report (sim/host.py)
+HOST_FIGURES = {
+    "host CPU": lambda r: _get(r, "host", "cpu_model"),
+    "host CPUs": lambda r: _get(r, "host", "cpus"),
+    "host governor": lambda r: _get(r, "host", "governor"),
+    "host kernel": lambda r: _get(r, "host", "kernel"),
+    "host load (1 min)": lambda r: (_get(r, "host", "load_average") or [None])[0],
+    "host wake-up p99 (us)": lambda r: _get(r, "host", "wakeup_latency_us", "p99"),
+    "host wake-up max (us)": lambda r: _get(r, "host", "wakeup_latency_us", "max"),
+    **{f"real-time {name}": (lambda r, name=name: _granted(_get(r, "host", "realtime", name)))
+       for name in ("replayer", "control")},
+}
+
+
+def host_rows(a: dict, b: dict) -> list[dict]:
+    """One "not judged" row per HOST_FIGURES figure whose values differ between the reports (none when both
+    reports come from one host in the same state, or neither has a host section)."""
+    return [_row(figure, value(a), value(b), (NOT_JUDGED, "host state, not a test"))
+            for figure, value in HOST_FIGURES.items() if value(a) != value(b)]
 
 
 def regressions(rows: list[dict]) -> list[str]:

@@ -27,17 +27,34 @@ class LogSourceConfig:
     # The log's format (None: detected from the path).
     log_format: Literal["schunk", "csv", "mcap", "rosbag2", "rosbag1", "lerobot"] | None = None
     topic: str | None = None  # reader option: the topic holding the joint states (MCAP, bags)
-    q_field: str | None = None  # reader option: the message field or column of the joint positions (rad)
-    qd_field: str | None = None  # reader option: the message field or column of the joint velocities (rad/s)
+    q_field: str | None = None  # reader option: the message field or LeRobot feature of the joint positions (rad)
+    qd_field: str | None = None  # reader option: the message field or LeRobot feature of the joint velocities (rad/s)
     time_source: Literal["header", "log"] | None = None  # reader option: timestamps from the message header or the log
     episode: int | None = None  # reader option: the LeRobot episode replayed
-    columns: str | None = None  # reader option: the CSV column names, comma-separated, when the file has no header
+    # reader option: the CSV column map, e.g. "t=stamp_ns,t_unit=ns,q=pos_*,qd=vel_*" (time column and unit,
+    # fnmatch patterns of the position and velocity columns; see docs/log-formats.md)
+    columns: str | None = None
+    csv_separator: str | None = None  # reader option: the CSV field separator, one character or "tab" (None: detected)
+    csv_decimal: Literal[".", ","] | None = None  # reader option: the CSV decimal mark (None: detected)
+    # reader option: the sample rate of a CSV log without a time column, Hz (record i is at i / rate_hz s)
+    rate_hz: float | None = None
+    # reader option: fill the field a CSV log lacks: "qd" = finite differences of the positions, "q" = integral
+    # of the velocities from 0 rad (None: such a log is refused, naming the field)
+    derive: Literal["q", "qd"] | None = None
     duration_s: float | None = None  # replay only the log's first duration_s seconds of recorded time (None: all of it)
 
     def __post_init__(self):
         self.log = Path(self.log) if self.log is not None else None
         if self.duration_s is not None and not self.duration_s > 0:
             raise ValueError(f"{type(self).__name__}.duration_s must be > 0, got {self.duration_s}")
+        if self.rate_hz is not None and not self.rate_hz > 0:
+            raise ValueError(f"{type(self).__name__}.rate_hz must be > 0, got {self.rate_hz}")
+
+    def reader_options(self) -> dict:
+        """The reader options set here (edgeinfer.logs.read_log checks that the log's format takes them)."""
+        names = ("topic", "q_field", "qd_field", "time_source", "episode", "columns", "csv_separator", "csv_decimal",
+                 "rate_hz", "derive")
+        return {k: getattr(self, k) for k in names if getattr(self, k) is not None}
 
 
 @dataclass(kw_only=True)
@@ -57,6 +74,11 @@ class PacingConfig:
     # SCHED_FIFO priority of the replayer (best effort; 0 = off). Above the control loop's 60: the replayer
     # stands in for the sensor hardware, whose timing the system under test must not be able to delay.
     replayer_priority: int = 70
+    # State streamed before the log's first row, ms: the arm at rest at the log's first position, as a robot's
+    # state stream runs before control engages. Its ticks are start-up (report.json start_up), not in the
+    # headline figures. The default is ten default budgets (the first chunk arrives after about one); 0 counts
+    # start-up in the headline.
+    pre_roll_ms: float = 200.0
 
     def __post_init__(self):
         name = type(self).__name__
@@ -70,6 +92,8 @@ class PacingConfig:
             raise ValueError(f"{name}.handshake_timeout_s must be > 0, got {self.handshake_timeout_s}")
         if not 0 <= self.replayer_priority <= 99:
             raise ValueError(f"{name}.replayer_priority must be in 0..99, got {self.replayer_priority}")
+        if not 0 <= self.pre_roll_ms <= 60_000:
+            raise ValueError(f"{name}.pre_roll_ms must be in [0, 60000], got {self.pre_roll_ms}")
 
 
 @dataclass(kw_only=True)
@@ -83,11 +107,16 @@ class SessionConfig(PacingConfig, LogSourceConfig):
     faults: NetworkFaultConfig = field(default_factory=NetworkFaultConfig)  # faults on the observation stream
     # Print the process graph this run would start, as a launch file, and exit: nothing is started.
     dry_run: bool = False
+    # Wake-up latency baseline measured before the run, s (sim/host.py: sleeps to absolute deadlines at the
+    # control period, at the replayer's priority and CPU; 0 = none). In report.json's host section.
+    host_baseline_s: float = 0.5
 
     def __post_init__(self):
         LogSourceConfig.__post_init__(self)
         PacingConfig.__post_init__(self)
         self.out = Path(self.out)
+        if not 0 <= self.host_baseline_s <= 60:
+            raise ValueError(f"{type(self).__name__}.host_baseline_s must be in [0, 60], got {self.host_baseline_s}")
         if self.slo is not None:
             from edgeinfer.sim.slo import parse_slo
 

@@ -46,6 +46,7 @@ from edgeinfer.procs.nodes import NodeGroup
 from edgeinfer.procs.spec import NodeSpec
 from edgeinfer.sim import roundtrip, stats
 from edgeinfer.sim.config import SessionConfig
+from edgeinfer.sim.host import measure_host, sched_state
 from edgeinfer.sim.metrics import CONFIDENCE, summarize, write_ticks
 from edgeinfer.sim.pacing import scaled_period_ns
 from edgeinfer.sim.plots import PLOT_FILES, plot_histogram, plot_stages, plot_timeline
@@ -184,12 +185,16 @@ def hil(cfg: HilConfig, console: Console | None = None) -> dict:
     console.print(f"hil: on the runtime host run: [bold]{hil_serve_command(cfg, robot)}[/bold]\n"
                   f"hil: waiting up to {cfg.handshake_timeout_s:g} s for it (--handshake-timeout-s)")
     timeout_ns = int(cfg.rtt_timeout_ms * 1e6)
+    # before the control node starts: it neither inherits the baseline's priority nor loads it
+    host = measure_host(scaled_period_ns(log.period_ns, cfg.time_scale), cfg.host_baseline_s,
+                        cfg.control.control_cpus, cfg.replayer_priority)
     signals = InterruptSignals()
     stats.preload()  # while the nodes start: the figures at the end of the run then need not wait for it
     group = NodeGroup(grace_s=5.0)
     control = group.start(hil_nodes(cfg, ep)[0])
     prober = _start_prober(echo, cfg, cfg.out / "rtt_during.npy")
     rt_warning = clock.enter_realtime(cfg.control.control_cpus, cfg.replayer_priority)
+    realtime = {"replayer": sched_state(0, cfg.replayer_priority)}  # the runtime's host is not this one
     ctx = zmq.Context()
     auth = transport.start_authenticator(ctx, keys)
     obs_pub, stopped = None, False
@@ -207,6 +212,7 @@ def hil(cfg: HilConfig, console: Console | None = None) -> dict:
             transport.wait_until_subscribed(obs_pub, "replayer", ready_rx, {"runtime", "control"},
                                             cfg.handshake_timeout_s, check=lambda: group.check_started([control]))
             transport.wait_for_hello([chunk_rx], cfg.handshake_timeout_s)
+        realtime["control"] = sched_state(control.pid, cfg.control.realtime_priority)  # asked for when it opened
         with console.status(f"timing {cfg.rtt_before} network round trips to {echo}"):
             probe = roundtrip.connect(ctx, echo, keys)
             if not roundtrip.warm_up(probe, timeout_ns):
@@ -218,7 +224,7 @@ def hil(cfg: HilConfig, console: Console | None = None) -> dict:
         with replay_progress(console, len(log), f"replaying at {log.rate_hz:.0f} Hz against {cfg.endpoint}") as bar:
             sup = Supervisor(obs_pub, [], None, None, lambda: None, 0, status_rx)  # Heartbeats, status drained
             rec = stream(log, ticks, stride, obs_pub, cmd_rx, chunk_rx, deadline_ms, cfg.settle_ms, sup.on_row,
-                          pacing=rcfg, progress=bar)
+                          pacing=rcfg, progress=bar, pre_roll_ms=cfg.pre_roll_ms)
         signals.ignore()  # a second Ctrl-C must not lose the report of the first
         stopped = transport.send(obs_pub, Stop("interrupted" if rec.interrupted else "end of log"))
         during = _stop_prober(prober, cfg.out / "rtt_during.npy", cfg.rtt_timeout_ms / 1000)
@@ -247,6 +253,7 @@ def hil(cfg: HilConfig, console: Console | None = None) -> dict:
     lim = cfg.control.limits
     report["safety"] = safety_report(rec.commands, lim.q_min_rad, lim.q_max_rad, lim.qd_max_rad_s, rec.period_ns)
     report["harness"]["replayer_priority"] = None if rt_warning else cfg.replayer_priority
+    report["host"] = host | {"realtime": realtime}
     if exit_code != 0:
         console.print(f"[red]control process exited with code {exit_code}; see {cfg.out / 'control.log'}[/red]")
     if rt_warning:

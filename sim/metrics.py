@@ -1,5 +1,10 @@
 """Turn a replay Recording into the report: latency, deadline misses with confidence bounds, fallback
-rungs, speculative decoding statistics and action quality against the recorded future."""
+rungs, speculative decoding statistics and action quality against the recorded future.
+
+The headline figures count the log's rows (the measured ticks); start-up is reported apart (start_up_section:
+the pre-roll's ticks, time to first command), and miss_rate_scope says whether the headline still holds any of
+it: "steady state" (the pre-roll covered start-up), "start-up included" (the first command came after the
+log's first tick) or "whole run" (no pre-roll: start-up counted, as before pre-rolls existed)."""
 from __future__ import annotations
 
 from collections import Counter
@@ -23,6 +28,62 @@ from edgeinfer.sim.stats import (
 # 1 us latency histogram, per-stage times, the SLO verdict. Readers accept 1 (no intervals: nothing judged).
 SCHEMA_VERSION = 2
 CONFIDENCE = 0.95
+OUTCOMES = ("on_time", "late", "lost", "hold")
+
+
+def tick_outcomes(commands: dict, ticks: np.ndarray, t_due_ns: np.ndarray, deadline_ns: np.ndarray) -> tuple:
+    """(latency_ms, at_control_ms, outcome, rung), each (n,), for control ticks `ticks` due at t_due_ns with
+    absolute deadlines deadline_ns (int64 ns, replayer clock). commands: {tick: (t_recv_ns, JointCommand)}.
+    latency = receipt - due (NaN: lost); at_control = the control loop's send - due; outcome one of OUTCOMES
+    (the miss definition of sim/replay.py: every outcome but on_time is a miss); rung "" when lost."""
+    n = len(ticks)
+    latency_ms, at_control_ms = np.full(n, np.nan), np.full(n, np.nan)
+    outcome, rung = np.full(n, "lost", dtype=object), np.full(n, "", dtype=object)
+    for i in range(n):
+        if (got := commands.get(int(ticks[i]))) is None:
+            continue
+        t_recv, cmd = got
+        latency_ms[i] = (t_recv - t_due_ns[i]) / 1e6
+        at_control_ms[i] = (cmd.t_ns - t_due_ns[i]) / 1e6
+        rung[i] = cmd.rung
+        outcome[i] = "hold" if cmd.rung == "hold" else ("late" if t_recv > deadline_ns[i] else "on_time")
+    return latency_ms, at_control_ms, outcome, rung
+
+
+def start_up_section(rec, deadline_ms: float, measured_ticks: np.ndarray) -> dict:
+    """Start-up, apart from the headline: time from the stream's first tick (rec.t0_ns) to the first command
+    from a valid chunk (any rung but hold) and to the first chunk received (ms, replayer clock; None: none came),
+    the tick of that command, the pre-roll's ticks (rec.pre_roll_ticks): observations sent, commands received
+    for them, their outcomes and misses, the chunks planned from them (the last one per observation, as in the
+    headline's "chunks") by rung; and measured_ticks_before_first_command: how many of `measured_ticks` (the
+    headline's) came before that command (0 when the pre-roll covered start-up)."""
+    n_pre = rec.pre_roll_ticks
+    pre = np.arange(n_pre)
+    due = rec.t0_ns + pre * rec.period_ns
+    outcome = tick_outcomes(rec.commands, pre, due, due + int(deadline_ms * 1e6))[2]
+    valid = [(t, k) for k, (t, cmd) in rec.commands.items() if cmd.rung != "hold"]
+    t_first, k_first = min(valid) if valid else (None, None)
+    t_chunk = min((t for t, _ in rec.chunks), default=None)
+    ms = lambda t: (t - rec.t0_ns) / 1e6 if t is not None else None  # noqa: E731
+    outcomes = {k: int(np.sum(outcome == k)) for k in OUTCOMES}
+    chunks = {c.obs_seq: c for _, c in rec.chunks if c.obs_seq < n_pre}
+    return {"pre_roll_ms": n_pre * rec.period_ns / 1e6, "pre_roll_ticks": n_pre,
+            "observations_sent": n_pre - rec.pre_roll_skipped, "pre_roll_skipped": rec.pre_roll_skipped,
+            "time_to_first_command_ms": ms(t_first), "first_command_tick": k_first,
+            "time_to_first_chunk_ms": ms(t_chunk),
+            "commands_received": n_pre - outcomes["lost"], "deadline_misses": n_pre - outcomes["on_time"],
+            "outcomes": outcomes,
+            "chunks": {"received": len(chunks), "rungs": dict(Counter(c.rung for c in chunks.values()))},
+            "measured_ticks_before_first_command": int(np.sum(measured_ticks < k_first)) if valid
+            else len(measured_ticks)}
+
+
+def headline_scope(start_up: dict) -> str:
+    """What the headline figures hold (see the module docstring): "whole run", "steady state" or "start-up
+    included"."""
+    if not start_up["pre_roll_ticks"]:
+        return "whole run"
+    return "start-up included" if start_up["measured_ticks_before_first_command"] else "steady state"
 
 
 def summarize(rec, log, cfg, deadline_ms: float, stride: int) -> tuple[dict, dict]:
@@ -35,22 +96,11 @@ def summarize(rec, log, cfg, deadline_ms: float, stride: int) -> tuple[dict, dic
     """
     n = int(np.count_nonzero(rec.t_sent_ns)) if rec.interrupted else len(rec.t_sched_ns)
     t_sched, ticks = rec.t_sched_ns[:n], rec.tick[:n]
-    deadline_ns = t_sched + int(deadline_ms * 1e6)
-    latency_ms = np.full(n, np.nan)
-    at_control_ms = np.full(n, np.nan)
-    outcome = np.full(n, "lost", dtype=object)
-    rung = np.full(n, "", dtype=object)
+    latency_ms, at_control_ms, outcome, rung = tick_outcomes(rec.commands, ticks, t_sched,
+                                                            t_sched + int(deadline_ms * 1e6))
     fallbacks = Counter({r: 0 for r in RUNGS})
-    for i in range(n):
-        if (got := rec.commands.get(int(ticks[i]))) is None:
-            continue
-        t_recv, cmd = got
-        latency_ms[i] = (t_recv - t_sched[i]) / 1e6
-        at_control_ms[i] = (cmd.t_ns - t_sched[i]) / 1e6
-        fallbacks[cmd.rung] += 1
-        rung[i] = cmd.rung
-        outcome[i] = "hold" if cmd.rung == "hold" else ("late" if t_recv > deadline_ns[i] else "on_time")
-    outcomes = {k: int(np.sum(outcome == k)) for k in ("on_time", "late", "lost", "hold")}
+    fallbacks.update(r for r in rung if r)
+    outcomes = {k: int(np.sum(outcome == k)) for k in OUTCOMES}
     send_lateness_ms = (rec.t_sent_ns[:n] - t_sched) / 1e6
     # late at the replayer although the control loop sent in time: transport or harness, not the policy path
     late_but_sent_in_time = int(np.sum((outcome == "late") & (at_control_ms <= deadline_ms)))
@@ -70,6 +120,7 @@ def summarize(rec, log, cfg, deadline_ms: float, stride: int) -> tuple[dict, dic
     chunk_latency = np.array([t - t_sched[row_of_tick[s]] for s, (t, _) in final.items()], dtype=float)
     first_action = np.array([t - t_sched[row_of_tick[s]] for s, t in first.items()], dtype=float)
     stages = stage_times_ms(rec, n, row_of_tick)
+    start_up = start_up_section(rec, deadline_ms, ticks)
     slo = getattr(cfg, "slo", None)
     byo = cfg.runtime.byo_spec is not None
     return {
@@ -95,6 +146,8 @@ def summarize(rec, log, cfg, deadline_ms: float, stride: int) -> tuple[dict, dic
         "deadline_misses": misses,
         "miss_rate": misses / n if n else None,
         "miss_rate_ci95": list(clopper_pearson_interval(misses, n, CONFIDENCE)),  # its upper end: the bound
+        "miss_rate_scope": headline_scope(start_up),  # what the headline figures hold: see the module docstring
+        "start_up": start_up,
         "slo": evaluate(parse_slo(slo), latency_ms, misses) | {"objective": slo} if slo else None,
         "stages_ms": {k: latency_summary_ms(v * 1e6) for k, v in stages.items()},
         "outcomes": outcomes,
@@ -118,10 +171,10 @@ def summarize(rec, log, cfg, deadline_ms: float, stride: int) -> tuple[dict, dic
                     "latency_at_control_send_ms": latency_summary_ms(at_control_ms * 1e6),
                     "late_but_sent_in_time": late_but_sent_in_time,
                     "duplicate_commands": rec.duplicate_commands,
-                    "ticks_without_observation": int(rec.n_ticks - len(rec.tick)),
+                    "ticks_without_observation": int(rec.n_ticks - len(rec.tick) - start_up["pre_roll_ticks"]),
                     "rejected_commands": rec.rejected_commands,
                     "malformed_messages": rec.malformed},
-    }, {"tick": ticks, "latency_ms": latency_ms, "outcome": outcome, "rung": rung,
+    }, {"tick": ticks - rec.pre_roll_ticks, "latency_ms": latency_ms, "outcome": outcome, "rung": rung,
         "send_lateness_ms": send_lateness_ms, "at_control_send_ms": at_control_ms, "stages_ms": stages,
         "t_s": (t_sched - rec.t0_ns) / 1e9}
 
@@ -183,8 +236,9 @@ def _quality(commands: dict, chunks: list, log, ticks, row_of_tick: dict, stride
 
 
 def write_ticks(per_obs: dict, path) -> None:
-    """One row per observation: its log row, control tick, latency_ms at the replayer and at the control
-    loop's send (empty when lost), the replayer's own send lateness, outcome and rung."""
+    """One row per observation: its log row, its tick on the log's grid (on the control loop's, the pre-roll's
+    ticks come first), latency_ms at the replayer and at the control loop's send (empty when lost), the
+    replayer's own send lateness, outcome and rung."""
     cols = ("tick", "latency_ms", "at_control_send_ms", "send_lateness_ms", "outcome", "rung")
     fmt = lambda v: "" if isinstance(v, float) and np.isnan(v) else (f"{v:.4f}" if isinstance(v, float) else str(v))  # noqa: E731
     with open(path, "w") as fh:

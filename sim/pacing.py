@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from edgeinfer.core.clock import SpinTail  # noqa: F401  (the replayer's spin tail, shared with the runtime node)
+from edgeinfer.sim.schedule import gap_report
 from edgeinfer.sim.stats import latency_summary_ms
 
 # A send later than this fraction of a period counts as late (the tick's observation arrived noticeably off).
@@ -53,32 +55,9 @@ def send_timing_report(t_sched_ns: np.ndarray, t_sent_ns: np.ndarray, skipped: n
 
 def replayer_section(rec, log) -> dict:
     """The report's "replayer" entry: send timing (send_timing_report), the faults injected (None when off),
-    and what the reader did with the log (format, records sorted back into order, velocities derived)."""
+    and what the reader did with the log (format, records sorted back into order, velocities or positions
+    derived, gaps: schedule.gap_report)."""
     return {**rec.pacing, "faults": rec.faults,
             "log_source": {"format": log.source, "reordered_records": log.reordered,
-                           "qd_from_differences": log.qd_from_differences, "truncated_at": log.truncated_at_row}}
-
-
-class SpinTail:
-    """How long before each send the replayer stops sleeping and spins, sized from how late its sleeps end.
-
-    A sleep (select, time.sleep) ends late by the OS wake-up latency: tens of us on a quiet machine, up to ms
-    on a loaded VM whose kernel does not preempt (PREEMPT_NONE) even for a SCHED_FIFO waker. A fixed 200 us
-    tail then lets every late wake-up become a late send. The tail tracks a decaying maximum of the measured
-    wake-up lateness (x1.25 + 50 us), between min_ns and max_ns (default: an eighth of a period, at most
-    500 us), so it costs CPU only while the machine is noisy; the cap keeps the real-time share of the CPU
-    low: when real-time tasks take more than 95 % of a CPU, the kernel runs the starved normal tasks for
-    50 ms (RT throttling, the fair server since Linux 6.12), and every real-time task there stalls.
-    """
-
-    def __init__(self, period_ns: int, min_ns: int = 200_000, max_ns: int | None = None, decay: float = 0.995):
-        self.min_ns = min_ns
-        self.max_ns = max(min_ns, max_ns if max_ns is not None else min(period_ns // 8, 500_000))
-        self.decay = decay
-        self.recent_ns = 0.0
-        self.spin_ns = min_ns
-
-    def woke(self, late_ns: int) -> None:
-        """Record one sleep that ended late_ns after it was meant to (negative: early)."""
-        self.recent_ns = max(float(late_ns), self.recent_ns * self.decay)
-        self.spin_ns = int(min(self.max_ns, max(self.min_ns, 1.25 * self.recent_ns + 50_000)))
+                           "qd_from_differences": log.qd_from_differences, "q_from_integration": log.q_from_integration,
+                           "truncated_at": log.truncated_at_row, "gaps": gap_report(rec.tick, log.period_ns)}}

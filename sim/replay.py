@@ -9,11 +9,17 @@ t_sched[n] + deadline_ms on the replayer's clock, the replayer has not received 
 produced from a valid chunk. So a command that arrives late, one that never arrives (lost), and a
 watchdog hold (no valid chunk covered the tick) are all misses. Every observation ends in exactly one
 outcome: on_time, late, lost or hold.
+
+Pre-roll: before the log's first row, the replayer streams pre_roll_ms of the arm at rest at the log's first
+position (ticks 0..P-1; row i is then at tick P + its own), as a robot's state stream runs before control
+engages. The control loop ticks through it; those ticks are start-up (metrics.start_up_section), and the
+headline figures count the log's rows only.
 """
 from __future__ import annotations
 
 import dataclasses
 import gc
+import math
 import os
 import select
 from dataclasses import dataclass, field, replace
@@ -27,7 +33,7 @@ from edgeinfer.core import clock, transport
 from edgeinfer.core.clock import now_ns
 from edgeinfer.core.lifecycle import InterruptSignals
 from edgeinfer.core.telemetry import stats_summary
-from edgeinfer.core.wire import ActionChunk, JointCommand, Start, Stats, Stop, encode
+from edgeinfer.core.wire import ActionChunk, JointCommand, Observation, Start, Stats, Stop, encode
 from edgeinfer.engines.engine import unavailable_reason
 from edgeinfer.logs import read_log
 from edgeinfer.logs.arm_log import ArmLog, synthetic_log
@@ -36,6 +42,7 @@ from edgeinfer.procs.spec import NodeSpec
 from edgeinfer.sim import stats
 from edgeinfer.sim.config import ReplayConfig
 from edgeinfer.sim.faults import FaultInjector
+from edgeinfer.sim.host import measure_host, sched_state
 from edgeinfer.sim.metrics import summarize, write_ticks
 from edgeinfer.sim.pacing import SpinTail, scaled_period_ns, send_timing_report, should_skip
 from edgeinfer.sim.plots import write_plots
@@ -65,6 +72,8 @@ class Recording:
     malformed: int = 0
     interrupted: bool = False
     node_stats: dict = field(default_factory=dict)  # sender -> its newest wire.Stats
+    pre_roll_ticks: int = 0  # ticks 0..pre_roll_ticks-1 streamed the arm at rest before row 0 (see the docstring)
+    pre_roll_skipped: int = 0  # pre-roll observations not sent: stale after a stall, as rows are skipped
 
 
 def load_log(path: Path | None, fmt: str | None = None, **options) -> ArmLog:
@@ -82,9 +91,8 @@ def first_seconds(log: ArmLog, duration_s: float) -> ArmLog:
 
 
 def reader_options(cfg: ReplayConfig) -> dict:
-    """The reader options set in cfg (sim.readers.read_log checks that the format takes them)."""
-    names = ("topic", "q_field", "qd_field", "time_source", "episode", "columns")
-    return {k: getattr(cfg, k) for k in names if getattr(cfg, k) is not None}
+    """The reader options set in cfg (LogSourceConfig.reader_options)."""
+    return cfg.reader_options()
 
 
 def replay(cfg: ReplayConfig, console: Console | None = None) -> dict:
@@ -110,6 +118,9 @@ def replay(cfg: ReplayConfig, console: Console | None = None) -> dict:
     if cfg.pin_cpus:
         _assign_cpus(cfg)
     ep = transport.Endpoints.free_loopback()
+    # before any node starts: none inherits the baseline's priority, none loads it
+    host = measure_host(scaled_period_ns(log.period_ns, cfg.time_scale), cfg.host_baseline_s,
+                        cfg.control.control_cpus, cfg.replayer_priority)
     signals = InterruptSignals()
     # Children first, so that they do not inherit the replayer's real-time priority: the runtime is the
     # system under test and runs as it would on the robot. ZMQ connects retry until the binds below exist.
@@ -119,6 +130,7 @@ def replay(cfg: ReplayConfig, console: Console | None = None) -> dict:
     # before the context: its I/O thread inherits both
     original_cpus = sorted(os.sched_getaffinity(0))
     rt_warning = clock.enter_realtime(cfg.control.control_cpus, cfg.replayer_priority)
+    realtime = {"replayer": sched_state(0, cfg.replayer_priority)}
     ctx = zmq.Context()
     sup = None
     try:
@@ -131,13 +143,16 @@ def replay(cfg: ReplayConfig, console: Console | None = None) -> dict:
             transport.wait_until_subscribed(obs_pub, "replayer", ready_rx, {"runtime", "control"},
                                             cfg.handshake_timeout_s, check=lambda: group.check_started(procs))
             transport.wait_for_hello([chunk_rx], cfg.handshake_timeout_s)
+        # both nodes have opened (the control loop asks for its priority there): what each one got
+        realtime |= {"control": sched_state(procs[1].pid, cfg.control.realtime_priority),
+                     "runtime": sched_state(procs[0].pid)}
         with replay_progress(console, len(log), f"replaying at {log.rate_hz:.0f} Hz") as progress:
             sup = Supervisor(obs_pub, procs, cfg.kill_runtime_at_tick, cfg.restart_runtime_after_ms,
                              lambda: group.start(replace(procs[0].spec, log=cfg.out / "runtime.restarted.log")),
                              cfg.garbage_per_row, status_rx, cfg.stall_runtime_at_tick, cfg.stall_runtime_ms,
                              spawn_cpus=cfg.runtime.runtime_cpus)
             rec = stream(log, ticks, stride, obs_pub, cmd_rx, chunk_rx, deadline_ms, cfg.settle_ms, sup.on_row,
-                          pacing=cfg, progress=progress)
+                          pacing=cfg, progress=progress, pre_roll_ms=cfg.pre_roll_ms)
             signals.ignore()  # a second Ctrl-C must not lose the report of the first
             stop = Stop("interrupted" if rec.interrupted else "end of log")
             transport.send(obs_pub, stop)
@@ -165,6 +180,7 @@ def replay(cfg: ReplayConfig, console: Console | None = None) -> dict:
     if cfg.garbage_per_row:
         report["garbage_sent"] = sup.garbage_sent
     report["harness"]["replayer_priority"] = None if rt_warning else cfg.replayer_priority
+    report["host"] = host | {"realtime": realtime}
     for role, code in exit_codes.items():
         if code != 0:
             console.print(f"[red]{role} process exited with code {code}; see {cfg.out / (role + '.log')}[/red]")
@@ -194,10 +210,15 @@ def replay_nodes(cfg: ReplayConfig, ep: transport.Endpoints) -> list[NodeSpec]:
 
 
 def stream(log: ArmLog, ticks: np.ndarray, stride: int, obs_pub, cmd_rx, chunk_rx, deadline_ms: float,
-            settle_ms: float, on_row=None, pacing: ReplayConfig | None = None, progress=None) -> Recording:
+            settle_ms: float, on_row=None, pacing: ReplayConfig | None = None, progress=None,
+            pre_roll_ms: float = 0.0) -> Recording:
     """Publish every sample at its tick on an absolute schedule (sim/pacing.py: time scale, skip-ahead after a
     stall unless catch_up, or as fast as possible), through the network fault injector when pacing.faults is
-    active; stop early (keeping what was sent) on KeyboardInterrupt."""
+    active; stop early (keeping what was sent) on KeyboardInterrupt.
+
+    First, pre_roll_ms (rounded up to whole ticks of the replay period) of the arm at rest at row 0's position,
+    on the schedule whatever the pacing, outside the faults, on_row and the send-timing figures; the log's rows
+    follow on the ticks after it (rec.tick = ticks + rec.pre_roll_ticks)."""
     pacing = pacing or ReplayConfig()
     afap = pacing.as_fast_as_possible
     injector = FaultInjector(pacing.faults) if pacing.faults.active else None
@@ -210,11 +231,14 @@ def stream(log: ArmLog, ticks: np.ndarray, stride: int, obs_pub, cmd_rx, chunk_r
     t0 = now_ns() + int(settle_ms * 1e6)
     period = scaled_period_ns(log.period_ns, pacing.time_scale)
     tail = SpinTail(period)
+    n_pre = math.ceil(pre_roll_ms * 1e6 / period)
+    ticks = np.asarray(ticks) + n_pre
     rec = Recording(t0, period, int(ticks[-1]) + 1, ticks, t0 + ticks * period, np.zeros(len(log), dtype=np.int64),
-                    skipped=np.zeros(len(log), dtype=bool))
+                    skipped=np.zeros(len(log), dtype=bool), pre_roll_ticks=n_pre)
     prev = previous_rows(ticks, stride)
     transport.send(obs_pub, Start(t0, period, rec.n_ticks))
     try:
+        _pre_roll(log, obs_pub, cmd_rx, chunk_rx, rec, tail)
         for i in range(len(log)):
             # encode before the wait, so that the send itself is all that happens at the due time
             frames = encode(observation(log, ticks, prev, i, int(rec.t_sched_ns[i])))
@@ -251,6 +275,21 @@ def stream(log: ArmLog, ticks: np.ndarray, stride: int, obs_pub, cmd_rx, chunk_r
     rec.pacing = send_timing_report(rec.t_sched_ns, rec.t_sent_ns, rec.skipped, period, pacing.time_scale, afap,
                                     pacing.catch_up)
     return rec
+
+
+def _pre_roll(log: ArmLog, obs_pub, cmd_rx, chunk_rx, rec: Recording, tail: SpinTail) -> None:
+    """Ticks 0..rec.pre_roll_ticks-1: the arm at rest at row 0's position (q held, qd zero), each on its
+    schedule; one whose successor is already due (after a stall) is skipped and counted, never burst."""
+    q0, rest = log.q_rad[0], np.zeros_like(log.qd_rad_s[0])
+    for k in range(rec.pre_roll_ticks):
+        due = rec.t0_ns + k * rec.period_ns
+        frames = encode(Observation(k, due, q0, rest, q0))
+        grabbed = _collect_until(due, cmd_rx, chunk_rx, rec, tail=tail)
+        if now_ns() < due + rec.period_ns:
+            _send_frames(obs_pub, frames)
+        else:
+            rec.pre_roll_skipped += 1
+        _collect(cmd_rx, chunk_rx, rec, grabbed)
 
 
 def _send_frames(sock, frames: list) -> None:

@@ -130,7 +130,48 @@ def _miss_rate(report: dict) -> str:
     text = f"{100 * rate:.2f} %"
     if isinstance(ci, (list, tuple)) and len(ci) == 2 and None not in ci:
         text += f" [{100 * ci[0]:.2f}, {100 * ci[1]:.2f}]"
+    if scope := report.get("miss_rate_scope"):  # which ticks the headline holds: see sim/metrics.py
+        text += f" {scope}"
     return text
+
+
+def _start_up(report: dict) -> str:
+    """The pre-roll's misses over its ticks and length, e.g. "50 / 50 ticks (200 ms)"; "no pre-roll" without one."""
+    su = report.get("start_up")
+    if not isinstance(su, dict):
+        return _MISSING
+    if not su.get("pre_roll_ticks"):
+        return "no pre-roll"
+    return f"{su.get('deadline_misses')} / {su['pre_roll_ticks']} ticks ({_num(su.get('pre_roll_ms'), '{:.0f}')} ms)"
+
+
+def _host(report: dict) -> str:
+    """CPU model, CPUs, governor and load average in one cell."""
+    h = report.get("host")
+    if not isinstance(h, dict):
+        return _MISSING
+    load = "/".join(f"{x:.2f}" for x in h.get("load_average") or [])
+    return f"{h.get('cpu_model')}, {h.get('cpus')} CPUs, governor {h.get('governor')}, load {load or _MISSING}"
+
+
+def _wakeup(report: dict) -> str:
+    """The wake-up baseline: p50 / p99 / max us over n sleeps."""
+    w = _get(report, "host", "wakeup_latency_us")
+    if not isinstance(w, dict):
+        return _MISSING
+    return f"{w.get('p50'):.0f} / {w.get('p99'):.0f} / {w.get('max'):.0f} (n={w.get('n')})"
+
+
+def _realtime(report: dict) -> str:
+    """Per process: its scheduler and priority, e.g. "replayer FIFO 70, control OTHER (60 refused)"."""
+    rt = _get(report, "host", "realtime")
+    if not isinstance(rt, dict):
+        return _MISSING
+
+    def one(name: str, st: dict) -> str:
+        got = f"{str(st.get('policy')).removeprefix('SCHED_')} {st.get('priority')}"
+        return f"{name} {got}" + (f" ({st['requested']} refused)" if st.get("granted") is False else "")
+    return ", ".join(one(name, st) for name, st in rt.items() if isinstance(st, dict))
 
 
 def _injected(report: dict) -> str:
@@ -163,8 +204,10 @@ def print_table(reports: list[dict], console: Console | None = None) -> Table:
     """Print one rich Table with a column per report (e.g. target-only next to speculative); returns it.
 
     Rows: log, decode, rate, deadline, counts, latency p50/p90/p99/p999 with 95 % CIs and max, misses, miss
-    rate with its 95 % CI, the SLO verdict and one row per objective, fallbacks per rung (union over
-    reports), acceptance rate, tokens per target pass, action RMSE. Missing or None values print as "-".
+    rate with its 95 % CI and scope (steady state, start-up included, whole run), time to first command, the
+    pre-roll's misses, the SLO verdict and one row per objective, fallbacks per rung (union over reports),
+    acceptance rate, tokens per target pass, action RMSE, the host (CPU, governor, load, wake-up baseline,
+    real-time grants). Missing or None values print as "-".
     """
     console = console or Console()
     table = Table(title="edgeinfer replay")
@@ -186,6 +229,8 @@ def print_table(reports: list[dict], console: Console | None = None) -> Table:
         ("miss_rate [95% CI]", _miss_rate),
         *((f"time to first action {k} ms", lambda r, k=k: _num(_get(r, "chunks", "time_to_first_action_ms", k)))
           for k in ("p50", "p99")),
+        ("time to first command ms", lambda r: _num(_get(r, "start_up", "time_to_first_command_ms"))),
+        ("start-up misses (pre-roll)", _start_up),
         ("chunk boundary jump p99 mrad", lambda r: _num(_mrad(_get(r, "boundaries", "raw_jump_rad", "p99")), "{:.2f}")),
         ("slo", _slo),
         *_slo_rows(reports),
@@ -201,6 +246,9 @@ def print_table(reports: list[dict], console: Console | None = None) -> Table:
         ("acceptance_rate", lambda r: _num(_get(r, "spec", "acceptance_rate"))),
         ("tokens_per_target_pass", lambda r: _num(_get(r, "spec", "tokens_per_target_pass"), "{:.2f}")),
         ("action_rmse_rad", lambda r: _num(_get(r, "quality", "action_rmse_rad"), "{:.4f}")),
+        ("host", _host),
+        ("host wake-up p50/p99/max us", _wakeup),
+        ("real-time scheduling", _realtime),
     ]
     for label, cell in rows:
         table.add_row(label, *(cell(r) for r in reports))

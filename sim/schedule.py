@@ -27,6 +27,22 @@ def tick_grid(log: ArmLog, tolerance: float = 0.25) -> np.ndarray:
     return ticks
 
 
+# A step of more than this many periods between consecutive samples is a gap in the log (one dropped sample is
+# a step of 2). The replay treats a gap as dropped samples: its ticks stay empty, later samples keep their ticks.
+GAP_PERIODS = 3
+
+
+def gap_report(ticks: np.ndarray, period_ns: int, min_periods: int = GAP_PERIODS) -> dict:
+    """The log's gaps: steps of more than `min_periods` ticks between consecutive samples. ticks: (N,) int64
+    (tick_grid); period_ns: the log's period. Returns {"count", "empty_ticks" (inside those gaps), "longest_s"
+    (the longest step, log time), "rows" (the first 10 rows after a gap), "min_periods"}."""
+    steps = np.diff(np.asarray(ticks, dtype=np.int64))
+    at = np.flatnonzero(steps > min_periods)
+    return {"count": int(at.size), "empty_ticks": int(np.sum(steps[at] - 1)),
+            "longest_s": float(steps[at].max()) * period_ns / 1e9 if at.size else 0.0,
+            "rows": (at + 1)[:10].tolist(), "min_periods": min_periods}
+
+
 def previous_rows(ticks: np.ndarray, stride: int) -> np.ndarray:
     """(N,) row index of the newest sample at or before tick k_i - stride (row 0 when there is none)."""
     return np.maximum(np.searchsorted(ticks, ticks - stride, side="right") - 1, 0)

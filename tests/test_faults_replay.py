@@ -16,6 +16,7 @@ from edgeinfer.sim.replay import replay
 from edgeinfer.sim.supervisor import GARBAGE_KINDS
 
 pytestmark = pytest.mark.slow
+STALL_TICKS = 25  # ticks at 250 Hz in a 100 ms host stall: what one stall of this machine can cost a count
 
 
 def _log(tmp_path, seconds: float):
@@ -44,7 +45,9 @@ def _every_tick_commanded(report):
     # (and rows the replayer itself skipped after a stall of this machine: no observation, no command due)
     control = report["node_stats"]["control"]["counters"]
     assert report["outcomes"]["lost"] <= control["overruns"] + control["no_state"] + report["replayer"]["rows_skipped"]
-    assert control["no_state"] <= 5
+    # a few ticks, plus what a 100 ms host stall of the replayer (or of the control loop's I/O thread) at the
+    # start leaves without an observation; a loop that never got one would count every tick
+    assert control["no_state"] <= 5 + STALL_TICKS
     assert report["harness"]["malformed_messages"] == 0  # the replayer never received a bad chunk/command
 
 
@@ -61,7 +64,8 @@ def test_engine_slowed_past_its_budget_still_commands_every_tick(tmp_path, facto
     assert rungs.get("full", 0) == 0 and rungs.get("partial", 0) == 0  # one target pass never fits the budget
     assert rungs.get("draft", 0) > 0  # the drafter's unverified chunk is the rung that serves
     runtime_counts = report["node_stats"]["runtime"]["counters"]
-    assert runtime_counts["rung.draft"] == rungs["draft"]
+    # the runtime counts every chunk it sent, the pre-roll's too
+    assert runtime_counts["rung.draft"] == rungs["draft"] + report["start_up"]["chunks"]["rungs"].get("draft", 0)
     # the miss definition: a hold (no chunk covered the tick) is a miss like a late or lost command
     o = report["outcomes"]
     assert report["deadline_misses"] == o["hold"] + o["late"] + o["lost"]
@@ -97,11 +101,11 @@ def test_runtime_killed_then_restarted_holds_and_recovers(tmp_path):
 
 def test_malformed_flood_is_counted_by_both_nodes_which_keep_running(tmp_path):
     # the null policy (a chunk per observation at no cost) keeps this about the transport, not the decoder
-    cfg = ReplayConfig(log=_log(tmp_path, 20.0), out=tmp_path / "out", garbage_per_row=2,
+    cfg = ReplayConfig(log=_log(tmp_path, 6.0), out=tmp_path / "out", garbage_per_row=2,
                        runtime=RuntimeConfig(null_policy=True))
     report = replay(cfg, Console(quiet=True))
     sent = report["garbage_sent"]
-    assert sum(sent.values()) == 2 * report["observations_sent"] == 10_000
+    assert sum(sent.values()) == 2 * report["observations_sent"] == 3_000
     _accounting(report)
     _every_tick_commanded(report)
     assert report["process_exit_codes"] == {"runtime": 0, "control": 0}
@@ -125,8 +129,11 @@ def test_no_observation_is_lost_to_a_late_subscriber(tmp_path):
     report = replay(cfg, Console(quiet=True))
     n = report["replayer"]["rows_sent"]  # not the rows it skipped as stale after a stall of this machine
     assert n > 0.5 * report["observations_sent"]
-    assert report["node_stats"]["runtime"]["counters"]["observations"] == n
-    assert report["node_stats"]["control"]["counters"]["observations"] == n
+    n += report["start_up"]["observations_sent"]  # the nodes count the pre-roll's observations too
+    assert report["node_stats"]["runtime"]["counters"]["observations"] == n  # it reads until the Stop
+    # the control loop ends on its schedule, after the last tick: the last row, sent late by a stalled replayer
+    # (the last row is never skipped as stale), can arrive after that and go uncounted
+    assert n - 1 <= report["node_stats"]["control"]["counters"]["observations"] <= n
 
 
 def test_non_finite_policy_output_never_reaches_the_robot(tmp_path):
@@ -140,6 +147,7 @@ def test_non_finite_policy_output_never_reaches_the_robot(tmp_path):
     assert injected == counters["chunks_sent"] // 3 > 0
     # each poisoned chunk went out as the continue rung (anchor only): the control loop kept serving the
     # previous chunk (its commands name that chunk's rung) or held
-    assert report["chunks"]["rungs"].get("continue", 0) == injected
+    continued = report["chunks"]["rungs"].get("continue", 0) + report["start_up"]["chunks"]["rungs"].get("continue", 0)
+    assert continued == injected  # the runtime's count covers the pre-roll's chunks too
     assert report["commands_received"] - report["fallbacks"]["hold"] > 0
     assert np.isfinite(report["quality"]["action_rmse_rad"])

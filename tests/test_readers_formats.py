@@ -279,7 +279,9 @@ def test_velocity_by_finite_differences(real, tmp_path):
         w = csv.writer(fh)
         w.writerow(["time"] + [f"q{j}" for j in range(1, 7)])
         w.writerows([[repr(t), *map(repr, q)] for t, q in zip(real.t_s.tolist(), real.q_rad.tolist())])
-    log = read_log(path)
+    with pytest.raises(LogError, match=r"no joint velocity column matches qd='qd\[0-9\]\*'.*--derive qd"):
+        read_log(path)  # derived only when asked
+    log = read_log(path, derive="qd")
     assert log.qd_from_differences
     np.testing.assert_array_equal(log.q_rad, real.q_rad)
     np.testing.assert_allclose(log.qd_rad_s, np.gradient(real.q_rad, real.t_s, axis=0))
@@ -311,7 +313,8 @@ def test_generic_csv_corrupt_line(real, tmp_path):
     lines = path.read_text().splitlines(keepends=True)
     lines[400] = lines[400].replace(",", ",x", 1)  # line 401 (1-based) has a non-number
     path.write_text("".join(lines))
-    log = _expect_error_then_truncate(path, "line 401: not a number", columns="t=stamp_ns,t_unit=ns,q=pos_*,qd=vel_*")
+    log = _expect_error_then_truncate(path, "line 401 column 'pos_0': not a number",
+                                      columns="t=stamp_ns,t_unit=ns,q=pos_*,qd=vel_*")
     assert log.truncated_at_row == 401 and len(log) == 399
     np.testing.assert_array_equal(log.q_rad, real.q_rad[:399])
 

@@ -34,7 +34,8 @@ def test_cli_replays_an_mcap_log_with_faults(schunk_dir, tmp_path):
     assert report["process_exit_codes"] == {"runtime": 0, "control": 0}  # garbage frames did not kill a node
     r = report["replayer"]
     assert r["log_source"] == {"format": "mcap", "reordered_records": 0, "qd_from_differences": False,
-                               "truncated_at": None}
+                               "q_from_integration": False, "truncated_at": None,
+                               "gaps": {"count": 0, "empty_ticks": 0, "longest_s": 0.0, "rows": [], "min_periods": 3}}
     assert r["send_error_us"]["n"] == r["rows_sent"] and r["rows_sent"] + r["rows_skipped"] == n
     f = r["faults"]
     assert f["seed"] == 3 and f["config"]["delay_ms"] == "exp:1"

@@ -3,14 +3,14 @@ from any of them.
 
     format    path                                          library
     schunk    directory with time.csv + trajectory.csv      (numpy)
-    csv       *.csv with a header row and a column map      csv (stdlib)
+    csv       *.csv with a header row and a column map      pyarrow.csv
     mcap      *.mcap (ROS 2 cdr or JSON channels)           mcap, mcap-ros2-support
     rosbag2   directory with metadata.yaml, or its *.db3    rosbags
     rosbag1   *.bag                                         rosbags
     lerobot   directory with meta/info.json (v2.1, v3.0)    pyarrow
 
-Readers are looked up by name and imported on first use, so a Schunk replay needs none of the optional
-libraries (`pip install edgeinfer[logs]` brings them).
+Readers are looked up by name and imported on first use, so a Schunk replay imports none of these libraries;
+pyarrow comes with the base install, the others with `pip install edgeinfer[logs]`.
 """
 from __future__ import annotations
 
@@ -25,7 +25,8 @@ FORMATS: tuple[str, ...] = ("schunk", "csv", "mcap", "rosbag2", "rosbag1", "lero
 
 # format -> (module, function, options it accepts besides path and on_error)
 _READERS = {
-    "csv": ("edgeinfer.logs.csv_log", "read_csv_log", {"columns"}),
+    "csv": ("edgeinfer.logs.csv_log", "read_csv_log",
+            {"columns", "csv_separator", "csv_decimal", "rate_hz", "derive"}),
     "mcap": ("edgeinfer.logs.mcap_log", "read_mcap_log", {"topic", "q_field", "qd_field", "time_source"}),
     "rosbag2": ("edgeinfer.logs.rosbag_log", "read_rosbag_log",
                 {"topic", "q_field", "qd_field", "time_source"}),
@@ -67,10 +68,11 @@ def read_log(path: str | Path, fmt: str | None = None, on_error: Literal["raise"
     """Read any supported log into an ArmLog: t_s (T,) float64 s from 0, increasing; q_rad, qd_rad_s (T, D).
 
     fmt: one of FORMATS, or None to detect it from the path. options: passed to that format's reader
-    (topic, q_field, qd_field, time_source for bags and MCAP; columns for CSV; episode, q_field, qd_field for
-    LeRobot); None values are ignored. Raises LogError naming the file and record for unreadable input
-    (on_error="truncate" keeps the records before it), ValueError for an unknown format, an option the
-    format does not take, or a bad on_error. RuntimeError names the extra when an optional library is missing.
+    (topic, q_field, qd_field, time_source for bags and MCAP; columns, csv_separator, csv_decimal, rate_hz,
+    derive for CSV; episode, q_field, qd_field for LeRobot); None values are ignored. Raises LogError naming
+    the file and record for unreadable input (on_error="truncate" keeps the records before it), ValueError for
+    an unknown format, an option the format does not take, or a bad on_error. RuntimeError names the extra when
+    an optional library is missing.
     """
     check_on_error(on_error)
     fmt = fmt or detect_format(path)

@@ -49,6 +49,7 @@ class ArmLog:
     source: the format it was read from ("schunk", "csv", "mcap", "rosbag2", "rosbag1", "lerobot", "synthetic").
     reordered: records that arrived out of timestamp order in the file (the reader sorted them).
     qd_from_differences: True when the file had no velocities and qd_rad_s is a finite difference of q.
+    q_from_integration: True when the file had no positions and q_rad is the integral of qd from 0 rad.
     Raises ValueError if shapes disagree.
     """
 
@@ -60,6 +61,7 @@ class ArmLog:
     source: str = "schunk"
     reordered: int = 0
     qd_from_differences: bool = False
+    q_from_integration: bool = False
 
     def __post_init__(self) -> None:
         if self.t_s.ndim != 1 or self.q_rad.ndim != 2 or self.q_rad.shape != self.qd_rad_s.shape:

@@ -1,8 +1,8 @@
 """Timestamped joint records, as every reader collects them, turned into one ArmLog.
 
 Readers append records in file order and stop at the first bad one; this module sorts them by timestamp
-(counting those that arrived out of order), rejects repeated timestamps, fills missing velocities by finite
-differences, and applies the on_error policy the same way for every format.
+(counting those that arrived out of order), rejects repeated timestamps, derives the velocities (or positions)
+a log lacks, and applies the on_error policy the same way for every format.
 """
 from __future__ import annotations
 
@@ -75,30 +75,45 @@ class Records:
             self.error = text
 
     def to_arm_log(self, name: str, source: str) -> ArmLog:
-        """The records as an ArmLog, sorted by timestamp, t_s starting at 0.
+        """The records as an ArmLog (see arm_log_from_records); qd from the records when every record had it,
+        else derived from q. Raises LogError as arm_log_from_records."""
+        qd = None if any(v is None for v in self.qd) else self.qd
+        return arm_log_from_records(name, source, self.where, self.unit, self.t_ns, self.q, qd, self.index,
+                                    self.bad_record)
 
-        qd: from the records when every record had it, else np.gradient(q, t) (second-order central
-        differences inside, one-sided at the ends; numpy docs). Raises LogError for fewer than 2 records or
-        two records with the same timestamp.
-        """
-        cut = f" (truncated at {self.unit} {self.bad_record})" if self.bad_record is not None else ""
-        where = self.where + cut
-        if len(self) < 2:
-            raise LogError(f"{where}: fewer than 2 usable records")
-        t_ns = np.array(self.t_ns, dtype=np.int64)
-        order = np.argsort(t_ns, kind="stable")
-        # a record is out of order when an earlier record in the file has a later timestamp
-        reordered = int(np.sum(t_ns < np.maximum.accumulate(t_ns)))
-        t_ns = t_ns[order]
-        same = np.flatnonzero(np.diff(t_ns) == 0)
-        if same.size:
-            a, b = sorted((self.index[order[same[0]]], self.index[order[same[0] + 1]]))
-            raise LogError(f"{self.where} {self.unit}s {a} and {b} (in file order): same timestamp "
-                           f"{int(t_ns[same[0]])} ns")
-        q = np.stack(self.q)[order]
-        t_s = (t_ns - t_ns[0]) / 1e9
-        from_diff = any(v is None for v in self.qd)
-        qd = np.gradient(q, t_s, axis=0) if from_diff else np.stack(self.qd)[order]
-        return ArmLog(name=name, t_s=t_s, q_rad=np.ascontiguousarray(q), qd_rad_s=np.ascontiguousarray(qd),
-                      truncated_at_row=self.bad_record, source=source, reordered=reordered,
-                      qd_from_differences=from_diff)
+
+def arm_log_from_records(name: str, source: str, where: str, unit: str, t_ns, q, qd, index, bad_record=None
+                         ) -> ArmLog:
+    """Records in file order as an ArmLog, sorted by timestamp, t_s starting at 0.
+
+    t_ns: (N,) int ns, any epoch; q, qd: (N, D) rad, rad/s, or None for the one the log lacks, derived after
+    sorting (qd: np.gradient(q, t), second-order central differences inside, one-sided at the ends, numpy docs;
+    q: the trapezoidal integral of qd from 0 rad, scipy.integrate.cumulative_trapezoid). index: (N,) how errors
+    name each record (`unit` and its number, in file order); bad_record: where a truncating read stopped.
+    Raises LogError for fewer than 2 records or two records with the same timestamp.
+    """
+    cut = f" (truncated at {unit} {bad_record})" if bad_record is not None else ""
+    if len(t_ns) < 2:
+        raise LogError(f"{where}{cut}: fewer than 2 usable records")
+    t_ns = np.asarray(t_ns, dtype=np.int64)
+    order = np.argsort(t_ns, kind="stable")
+    # a record is out of order when an earlier record in the file has a later timestamp
+    reordered = int(np.sum(t_ns < np.maximum.accumulate(t_ns)))
+    t_ns = t_ns[order]
+    same = np.flatnonzero(np.diff(t_ns) == 0)
+    if same.size:
+        a, b = sorted((index[order[same[0]]], index[order[same[0] + 1]]))
+        raise LogError(f"{where} {unit}s {a} and {b} (in file order): same timestamp {int(t_ns[same[0]])} ns")
+    t_s = (t_ns - t_ns[0]) / 1e9
+    q_derived, qd_derived = q is None, qd is None
+    if q_derived:
+        from scipy.integrate import cumulative_trapezoid
+
+        qd = np.asarray(qd, dtype=np.float64)[order]
+        q = cumulative_trapezoid(qd, t_s, axis=0, initial=0.0)
+    else:
+        q = np.asarray(q, dtype=np.float64)[order]
+        qd = np.gradient(q, t_s, axis=0) if qd_derived else np.asarray(qd, dtype=np.float64)[order]
+    return ArmLog(name=name, t_s=t_s, q_rad=np.ascontiguousarray(q), qd_rad_s=np.ascontiguousarray(qd),
+                  truncated_at_row=bad_record, source=source, reordered=reordered,
+                  qd_from_differences=qd_derived, q_from_integration=q_derived)
