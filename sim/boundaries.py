@@ -1,7 +1,7 @@
 """Chunk boundaries in a replay: how far apart consecutive chunks' plans are where one takes over from the
 other, and how much of that reaches the robot.
 
-From the replayer's recording alone (every command and chunk it received):
+From the replayer's recording alone (every command it received, the last chunk of each observation):
     raw_jump_rad        at each tick where the command's chunk changes, max over joints of |new chunk's
                         target - previous chunk's target| at that tick (what an unstitched switch commands)
     step_at_boundary_rad  max over joints of |command[n] - command[n-1]| at those ticks (what was commanded)
@@ -10,41 +10,37 @@ Holds are not boundaries (a hold repeats the last command). Summaries are p50, p
 """
 from __future__ import annotations
 
+from typing import Callable
+
 import numpy as np
 
 from edgeinfer.control.buffer import target_at
+from edgeinfer.core.wire import ActionChunk
+from edgeinfer.sim.received import HOLD, NONE
 
 
-def _summary(x: list[float]) -> dict[str, float | None]:
-    if not x:
+def _summary(x: np.ndarray) -> dict[str, float | None]:
+    if not len(x):
         return {"count": 0, "p50": None, "p99": None, "max": None}
-    a = np.asarray(x)
-    return {"count": len(x), "p50": float(np.percentile(a, 50)), "p99": float(np.percentile(a, 99)),
-            "max": float(a.max())}
+    return {"count": len(x), "p50": float(np.percentile(x, 50)), "p99": float(np.percentile(x, 99)),
+            "max": float(x.max())}
 
 
-def boundary_section(rec, chunks_by_obs: dict) -> dict:
-    """rec: the replay Recording (commands {tick: (t_recv_ns, JointCommand)}, t0_ns, period_ns);
-    chunks_by_obs: {obs_seq: ActionChunk}, the whole chunk of each observation. Returns the summaries above."""
-    raw, at_boundary, elsewhere = [], [], []
-    prev = None
-    for n in sorted(rec.commands):
-        cmd = rec.commands[n][1]
-        if cmd.rung == "hold" or cmd.chunk_obs_seq < 0:
-            prev = None
-            continue
-        if prev is not None and prev[0] == n - 1:
-            step = float(np.max(np.abs(cmd.q_rad - prev[1].q_rad)))
-            if cmd.chunk_obs_seq != prev[1].chunk_obs_seq:
-                at_boundary.append(step)
-                new, old = chunks_by_obs.get(cmd.chunk_obs_seq), chunks_by_obs.get(prev[1].chunk_obs_seq)
-                t = rec.t0_ns + n * rec.period_ns
-                q_new = target_at(new, t) if new is not None else None
-                q_old = target_at(old, t) if old is not None else None
-                if q_new is not None and q_old is not None:
-                    raw.append(float(np.max(np.abs(q_new - q_old))))
-            else:
-                elsewhere.append(step)
-        prev = (n, cmd)
-    return {"raw_jump_rad": _summary(raw), "step_at_boundary_rad": _summary(at_boundary),
-            "step_elsewhere_rad": _summary(elsewhere)}
+def boundary_section(rec, chunk_of: Callable[[int], ActionChunk | None]) -> dict:
+    """rec: the replay Recording (commands: sim/received.Commands; t0_ns, period_ns); chunk_of(obs_seq): the
+    whole chunk planned from that observation, None when there is none to compare. Returns the summaries above."""
+    cmds = rec.commands
+    valid = (cmds.rung != NONE) & (cmds.rung != HOLD) & (cmds.chunk_obs_seq >= 0)
+    n = np.flatnonzero(valid[1:] & valid[:-1]) + 1  # ticks whose previous tick also has a command from a chunk
+    step = np.abs(cmds.q_rad[n] - cmds.q_rad[n - 1]).max(axis=1)  # (len(n),)
+    switch = cmds.chunk_obs_seq[n] != cmds.chunk_obs_seq[n - 1]
+    raw = []
+    for k in n[switch].tolist():
+        new, old = chunk_of(int(cmds.chunk_obs_seq[k])), chunk_of(int(cmds.chunk_obs_seq[k - 1]))
+        t = rec.t0_ns + k * rec.period_ns
+        q_new = target_at(new, t) if new is not None else None
+        q_old = target_at(old, t) if old is not None else None
+        if q_new is not None and q_old is not None:
+            raw.append(float(np.max(np.abs(q_new - q_old))))
+    return {"raw_jump_rad": _summary(np.array(raw)), "step_at_boundary_rad": _summary(step[switch]),
+            "step_elsewhere_rad": _summary(step[~switch])}

@@ -47,10 +47,11 @@ from edgeinfer.procs.spec import NodeSpec
 from edgeinfer.sim import roundtrip, stats
 from edgeinfer.sim.config import SessionConfig
 from edgeinfer.sim.host import measure_host, sched_state
-from edgeinfer.sim.metrics import CONFIDENCE, summarize, write_ticks
+from edgeinfer.sim.metrics import CONFIDENCE, measured_chunks, row_of_tick, summarize, write_ticks
 from edgeinfer.sim.pacing import scaled_period_ns
 from edgeinfer.sim.plots import PLOT_FILES, plot_histogram, plot_stages, plot_timeline
 from edgeinfer.sim.preflight import check_run_fits, policy_shape
+from edgeinfer.sim.received import HOLD, NONE
 from edgeinfer.sim.replay import (
     ReplayConfig,
     drain,
@@ -224,7 +225,7 @@ def hil(cfg: HilConfig, console: Console | None = None) -> dict:
         with replay_progress(console, len(log), f"replaying at {log.rate_hz:.0f} Hz against {cfg.endpoint}") as bar:
             sup = Supervisor(obs_pub, [], None, None, lambda: None, 0, status_rx)  # Heartbeats, status drained
             rec = stream(log, ticks, stride, obs_pub, cmd_rx, chunk_rx, deadline_ms, cfg.settle_ms, sup.on_row,
-                          pacing=rcfg, progress=bar, pre_roll_ms=cfg.pre_roll_ms)
+                          pacing=rcfg, progress=bar, pre_roll_ms=cfg.pre_roll_ms, chunk_steps=policy["horizon"] + 1)
         signals.ignore()  # a second Ctrl-C must not lose the report of the first
         stopped = transport.send(obs_pub, Stop("interrupted" if rec.interrupted else "end of log"))
         during = _stop_prober(prober, cfg.out / "rtt_during.npy", cfg.rtt_timeout_ms / 1000)
@@ -326,25 +327,24 @@ def hil_stages(rec, per_tick: dict) -> dict[str, np.ndarray]:
 
 def _obs_to_chunk_ns(rec, n: int) -> np.ndarray:
     """(n,) observation sent -> its (last) chunk received, ns; NaN where no chunk was built from it."""
-    row_of_tick = {int(k): i for i, k in enumerate(rec.tick[:n])}
+    slots, rows = measured_chunks(rec, row_of_tick(rec, n))
     out = np.full(n, np.nan)
-    for t_recv, c in rec.chunks:
-        if (i := row_of_tick.get(c.obs_seq)) is not None:
-            out[i] = t_recv - rec.t_sent_ns[i]
+    out[rows] = rec.chunks.t_recv_ns[slots] - rec.t_sent_ns[rows]
     return out
 
 
 def _obs_to_command_ns(rec, n: int) -> np.ndarray:
     """(n,) observation sent -> the first command received that was planned from it (JointCommand.chunk_obs_seq),
     ns; NaN for observations no command was planned from (the runtime plans from one in replan_every_ticks)."""
-    row_of_tick = {int(k): i for i, k in enumerate(rec.tick[:n])}
-    first: dict[int, int] = {}
-    for t_recv, cmd in rec.commands.values():
-        if (i := row_of_tick.get(cmd.chunk_obs_seq)) is not None and cmd.rung != "hold":
-            first[i] = min(first.get(i, t_recv), t_recv)
+    cmds, row_of = rec.commands, row_of_tick(rec, n)
+    ticks = np.flatnonzero((cmds.rung != NONE) & (cmds.rung != HOLD) & (cmds.chunk_obs_seq >= 0)
+                           & (cmds.chunk_obs_seq < len(row_of)))
+    rows = row_of[cmds.chunk_obs_seq[ticks]]
+    first = np.full(n, np.iinfo(np.int64).max)
+    np.minimum.at(first, rows[rows >= 0], cmds.t_recv_ns[ticks[rows >= 0]])
     out = np.full(n, np.nan)
-    for i, t in first.items():
-        out[i] = t - rec.t_sent_ns[i]
+    planned = first != np.iinfo(np.int64).max
+    out[planned] = first[planned] - rec.t_sent_ns[:n][planned]
     return out
 
 

@@ -15,6 +15,7 @@ import numpy as np
 from edgeinfer.core.wire import RUNGS
 from edgeinfer.sim.boundaries import boundary_section
 from edgeinfer.sim.pacing import replayer_section
+from edgeinfer.sim.received import HOLD, NONE, RUNG_NAMES
 from edgeinfer.sim.slo import evaluate, parse_slo
 from edgeinfer.sim.stats import (
     clopper_pearson_interval,
@@ -31,23 +32,38 @@ CONFIDENCE = 0.95
 OUTCOMES = ("on_time", "late", "lost", "hold")
 
 
-def tick_outcomes(commands: dict, ticks: np.ndarray, t_due_ns: np.ndarray, deadline_ns: np.ndarray) -> tuple:
+def tick_outcomes(commands, ticks: np.ndarray, t_due_ns: np.ndarray, deadline_ns: np.ndarray) -> tuple:
     """(latency_ms, at_control_ms, outcome, rung), each (n,), for control ticks `ticks` due at t_due_ns with
-    absolute deadlines deadline_ns (int64 ns, replayer clock). commands: {tick: (t_recv_ns, JointCommand)}.
+    absolute deadlines deadline_ns (int64 ns, replayer clock). commands: sim/received.Commands.
     latency = receipt - due (NaN: lost); at_control = the control loop's send - due; outcome one of OUTCOMES
     (the miss definition of sim/replay.py: every outcome but on_time is a miss); rung "" when lost."""
-    n = len(ticks)
-    latency_ms, at_control_ms = np.full(n, np.nan), np.full(n, np.nan)
-    outcome, rung = np.full(n, "lost", dtype=object), np.full(n, "", dtype=object)
-    for i in range(n):
-        if (got := commands.get(int(ticks[i]))) is None:
-            continue
-        t_recv, cmd = got
-        latency_ms[i] = (t_recv - t_due_ns[i]) / 1e6
-        at_control_ms[i] = (cmd.t_ns - t_due_ns[i]) / 1e6
-        rung[i] = cmd.rung
-        outcome[i] = "hold" if cmd.rung == "hold" else ("late" if t_recv > deadline_ns[i] else "on_time")
-    return latency_ms, at_control_ms, outcome, rung
+    code, t_recv = commands.rung[ticks], commands.t_recv_ns[ticks]
+    got = code != NONE
+    latency_ms = np.where(got, (t_recv - t_due_ns) / 1e6, np.nan)
+    at_control_ms = np.where(got, (commands.t_ns[ticks] - t_due_ns) / 1e6, np.nan)
+    outcome = np.select([~got, code == HOLD, t_recv > deadline_ns], ["lost", "hold", "late"], "on_time").astype(object)
+    return latency_ms, at_control_ms, outcome, RUNG_NAMES[code]
+
+
+def row_of_tick(rec, n: int) -> np.ndarray:
+    """(rec.n_ticks,) int64: the row (0..n-1) observed on each tick; -1 for a tick of none of the first n rows
+    (the pre-roll, a gap in the log, a row not reached)."""
+    row_of = np.full(rec.n_ticks, -1, dtype=np.int64)
+    row_of[rec.tick[:n]] = np.arange(n)
+    return row_of
+
+
+def measured_chunks(rec, row_of: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(slots, rows), each (k,) int64: the rec.chunks slots planned from a row of row_of (row_of_tick), in the
+    order their observations first got a chunk, and those rows. A slot holds the last chunk of its observation
+    (a runtime that hands out the first verified step early sends it first, then the whole chunk)."""
+    slots = np.flatnonzero(row_of[rec.chunks.obs_seq[:rec.chunks.count]] >= 0)
+    return slots, row_of[rec.chunks.obs_seq[slots]]
+
+
+def _rung_counts(codes: np.ndarray) -> dict[str, int]:
+    """{rung: count} of rung codes, in the order each rung first appears."""
+    return dict(Counter(RUNG_NAMES[codes].tolist()))
 
 
 def start_up_section(rec, deadline_ms: float, measured_ticks: np.ndarray) -> dict:
@@ -61,20 +77,21 @@ def start_up_section(rec, deadline_ms: float, measured_ticks: np.ndarray) -> dic
     pre = np.arange(n_pre)
     due = rec.t0_ns + pre * rec.period_ns
     outcome = tick_outcomes(rec.commands, pre, due, due + int(deadline_ms * 1e6))[2]
-    valid = [(t, k) for k, (t, cmd) in rec.commands.items() if cmd.rung != "hold"]
-    t_first, k_first = min(valid) if valid else (None, None)
-    t_chunk = min((t for t, _ in rec.chunks), default=None)
+    cmds = rec.commands
+    valid = np.flatnonzero((cmds.rung != NONE) & (cmds.rung != HOLD))
+    first = int(valid[np.argmin(cmds.t_recv_ns[valid])]) if len(valid) else None  # the earliest; ties: lowest tick
+    t_first, k_first = (int(cmds.t_recv_ns[first]), first) if first is not None else (None, None)
     ms = lambda t: (t - rec.t0_ns) / 1e6 if t is not None else None  # noqa: E731
     outcomes = {k: int(np.sum(outcome == k)) for k in OUTCOMES}
-    chunks = {c.obs_seq: c for _, c in rec.chunks if c.obs_seq < n_pre}
+    pre_chunks = rec.chunks.rung[:rec.chunks.count][rec.chunks.obs_seq[:rec.chunks.count] < n_pre]
     return {"pre_roll_ms": n_pre * rec.period_ns / 1e6, "pre_roll_ticks": n_pre,
             "observations_sent": n_pre - rec.pre_roll_skipped, "pre_roll_skipped": rec.pre_roll_skipped,
             "time_to_first_command_ms": ms(t_first), "first_command_tick": k_first,
-            "time_to_first_chunk_ms": ms(t_chunk),
+            "time_to_first_chunk_ms": ms(rec.chunks.first_recv_ns),
             "commands_received": n_pre - outcomes["lost"], "deadline_misses": n_pre - outcomes["on_time"],
             "outcomes": outcomes,
-            "chunks": {"received": len(chunks), "rungs": dict(Counter(c.rung for c in chunks.values()))},
-            "measured_ticks_before_first_command": int(np.sum(measured_ticks < k_first)) if valid
+            "chunks": {"received": len(pre_chunks), "rungs": _rung_counts(pre_chunks)},
+            "measured_ticks_before_first_command": int(np.sum(measured_ticks < k_first)) if first is not None
             else len(measured_ticks)}
 
 
@@ -105,21 +122,16 @@ def summarize(rec, log, cfg, deadline_ms: float, stride: int) -> tuple[dict, dic
     # late at the replayer although the control loop sent in time: transport or harness, not the policy path
     late_but_sent_in_time = int(np.sum((outcome == "late") & (at_control_ms <= deadline_ms)))
     misses = n - outcomes["on_time"]
-    row_of_tick = {int(k): i for i, k in enumerate(ticks)}
+    row_of = row_of_tick(rec, n)
     # One chunk per observation; a runtime that hands out the first verified step early sends it first, then
     # the whole chunk (same observation): the first arrival times the first action, the last one is the chunk.
-    first, final = {}, {}
-    for t, c in rec.chunks:
-        if c.obs_seq in row_of_tick:
-            first.setdefault(c.obs_seq, t)
-            final[c.obs_seq] = (t, c)
-    chunks = [c for _, c in final.values()]
-    tokens = sum(c.tokens for c in chunks)
-    passes = sum(c.target_passes for c in chunks)
-    drafted = sum(c.drafted for c in chunks)
-    chunk_latency = np.array([t - t_sched[row_of_tick[s]] for s, (t, _) in final.items()], dtype=float)
-    first_action = np.array([t - t_sched[row_of_tick[s]] for s, t in first.items()], dtype=float)
-    stages = stage_times_ms(rec, n, row_of_tick)
+    ch = rec.chunks
+    slots, rows = measured_chunks(rec, row_of)
+    tokens, passes = int(ch.tokens[slots].sum()), int(ch.target_passes[slots].sum())
+    drafted, accepted = int(ch.drafted[slots].sum()), int(ch.accepted[slots].sum())
+    chunk_latency = (ch.t_recv_ns[slots] - t_sched[rows]).astype(float)
+    first_action = (ch.t_first_recv_ns[slots] - t_sched[rows]).astype(float)
+    stages = stage_times_ms(rec, n, row_of)
     start_up = start_up_section(rec, deadline_ms, ticks)
     slo = getattr(cfg, "slo", None)
     byo = cfg.runtime.byo_spec is not None
@@ -152,19 +164,19 @@ def summarize(rec, log, cfg, deadline_ms: float, stride: int) -> tuple[dict, dic
         "stages_ms": {k: latency_summary_ms(v * 1e6) for k, v in stages.items()},
         "outcomes": outcomes,
         "fallbacks": dict(fallbacks),
-        "chunks": {"received": len(chunks), "rungs": dict(Counter(c.rung for c in chunks)),
+        "chunks": {"received": len(slots), "rungs": _rung_counts(ch.rung[slots]),
                    "time_to_chunk_ms": latency_summary_ms(chunk_latency),
                    "time_to_chunk_ci95_ms": latency_ci_ms(chunk_latency, CONFIDENCE),
                    # observation due -> its first verified action step received (an early first step, or the chunk)
                    "time_to_first_action_ms": latency_summary_ms(first_action),
                    "time_to_first_action_ci95_ms": latency_ci_ms(first_action, CONFIDENCE),
-                   "early_first_steps": sum(t != final[s][0] for s, t in first.items())},
-        "spec": {"acceptance_rate": sum(c.accepted for c in chunks) / drafted if drafted else None,
+                   "early_first_steps": int(np.sum(ch.t_first_recv_ns[slots] != ch.t_recv_ns[slots]))},
+        "spec": {"acceptance_rate": accepted / drafted if drafted else None,
                  "tokens_per_target_pass": tokens / passes if passes else None,
-                 "target_passes_per_chunk": passes / len(chunks) if chunks else None,
-                 "drafted": drafted, "accepted": sum(c.accepted for c in chunks)},
-        "quality": _quality(rec.commands, chunks, log, ticks, row_of_tick, stride),
-        "boundaries": boundary_section(rec, {s: c for s, (_, c) in final.items()}),
+                 "target_passes_per_chunk": passes / len(slots) if len(slots) else None,
+                 "drafted": drafted, "accepted": accepted},
+        "quality": _quality(rec, slots, log, ticks, row_of, stride),
+        "boundaries": boundary_section(rec, lambda s: _measured_chunk(rec, row_of, s)),
         # Harness health: if these are large, misses may come from the replayer, not the system under test.
         "replayer": replayer_section(rec, log),  # send timing error, skipped rows, faults injected
         "harness": {"replayer_send_lateness_ms": latency_summary_ms(send_lateness_ms * 1e6),
@@ -173,6 +185,7 @@ def summarize(rec, log, cfg, deadline_ms: float, stride: int) -> tuple[dict, dic
                     "duplicate_commands": rec.duplicate_commands,
                     "ticks_without_observation": int(rec.n_ticks - len(rec.tick) - start_up["pre_roll_ticks"]),
                     "rejected_commands": rec.rejected_commands,
+                    "rejected_chunks": rec.rejected_chunks,
                     "malformed_messages": rec.malformed},
     }, {"tick": ticks - rec.pre_roll_ticks, "latency_ms": latency_ms, "outcome": outcome, "rung": rung,
         "send_lateness_ms": send_lateness_ms, "at_control_send_ms": at_control_ms, "stages_ms": stages,
@@ -191,44 +204,56 @@ STAGES = {
 UNMEASURED_STAGES = ("receive", "plan", "decode (separately)")
 
 
-def stage_times_ms(rec, n: int, row_of_tick: dict) -> dict[str, np.ndarray]:
-    """{stage: (n,) float ms per observation, NaN where not measured}, stages as in STAGES.
+def stage_times_ms(rec, n: int, row_of: np.ndarray) -> dict[str, np.ndarray]:
+    """{stage: (n,) float ms per observation, NaN where not measured}, stages as in STAGES; row_of: row_of_tick.
 
     The receive+plan+decode and publish stages exist only for observations a chunk was built from (one per
-    chunk step); all timestamps are CLOCK_MONOTONIC of one host, so differences across processes are valid.
+    chunk step; the last chunk of an observation counts, after an early first step); all timestamps are
+    CLOCK_MONOTONIC of one host, so differences across processes are valid.
     """
     out = {k: np.full(n, np.nan) for k in STAGES}
     out["send"] = (rec.t_sent_ns[:n] - rec.t_sched_ns[:n]) / 1e6
     if (skipped := getattr(rec, "skipped", None)) is not None:  # rows skipped after a stall were never sent
         out["send"][np.asarray(skipped[:n], dtype=bool)] = np.nan
-    for t_recv, c in rec.chunks:
-        i = row_of_tick.get(c.obs_seq)
-        if i is not None and i < n:  # the last chunk of an observation (after an early first step) counts
-            out["receive+plan+decode"][i] = (c.t_ready_ns - rec.t_sent_ns[i]) / 1e6
-            out["publish"][i] = (t_recv - c.t_ready_ns) / 1e6
-    for i in range(n):
-        if (got := rec.commands.get(int(rec.tick[i]))) is not None:
-            out["control"][i] = (got[1].t_ns - rec.t_sched_ns[i]) / 1e6
-            out["command"][i] = (got[0] - got[1].t_ns) / 1e6
+    ch, cmds = rec.chunks, rec.commands
+    slots, rows = measured_chunks(rec, row_of)
+    out["receive+plan+decode"][rows] = (ch.t_ready_ns[slots] - rec.t_sent_ns[rows]) / 1e6
+    out["publish"][rows] = (ch.t_recv_ns[slots] - ch.t_ready_ns[slots]) / 1e6
+    ticks = rec.tick[:n]
+    got = cmds.rung[ticks] != NONE
+    out["control"][got] = (cmds.t_ns[ticks[got]] - rec.t_sched_ns[:n][got]) / 1e6
+    out["command"][got] = (cmds.t_recv_ns[ticks[got]] - cmds.t_ns[ticks[got]]) / 1e6
     return out
 
 
-def _quality(commands: dict, chunks: list, log, ticks, row_of_tick: dict, stride: int) -> dict:
+def _measured_chunk(rec, row_of: np.ndarray, obs_seq: int):
+    """The last chunk (wire.ActionChunk) planned from observation obs_seq when that is a row of row_of, else None."""
+    if not 0 <= obs_seq < len(row_of) or row_of[obs_seq] < 0 or (s := rec.chunks.slot_of_tick[obs_seq]) < 0:
+        return None
+    return rec.chunks.chunk(int(s))
+
+
+def _quality(rec, slots: np.ndarray, log, ticks, row_of: np.ndarray, stride: int) -> dict:
     """Action error (rad) against what the arm actually did in this log.
 
     action_rmse_rad: each tick's commanded position vs the recorded position at that tick (what the robot
     was sent, on equal footing for every decode mode and rung). chunk_rmse_rad_by_step[h]: chunk target h
-    vs the recorded position h chunk steps after the chunk's observation.
+    vs the recorded position h chunk steps after the chunk's observation, over the chunks in `slots`
+    (measured_chunks).
     """
-    cmd_err = [commands[int(k)][1].q_rad - log.q_rad[i] for i, k in enumerate(ticks)
-               if int(k) in commands and commands[int(k)][1].rung != "hold"]
-    by_step: dict[int, list] = {}
-    for c in chunks:
-        for h in range(1, len(c.steps_rad)):
-            if (row := row_of_tick.get(c.obs_seq + h * stride)) is not None:
-                by_step.setdefault(h, []).append(c.steps_rad[h] - log.q_rad[row])
+    code = rec.commands.rung[ticks]
+    sent = (code != NONE) & (code != HOLD)
+    cmd_err = rec.commands.q_rad[ticks[sent]] - log.q_rad[np.flatnonzero(sent)]  # (m, D), row order
+    ch = rec.chunks
+    obs, n_steps = ch.obs_seq[slots], ch.n_steps[slots]
+    by_step: dict[int, np.ndarray] = {}  # (m, D) errors, chunk order
+    for h in range(1, ch.steps_rad.shape[1]):
+        t = obs + h * stride
+        row = np.where(t < len(row_of), row_of[np.minimum(t, len(row_of) - 1)], -1)
+        if (sel := (n_steps > h) & (row >= 0)).any():
+            by_step[h] = ch.steps_rad[slots[sel], h] - log.q_rad[row[sel]]
     rmse = lambda e: float(np.sqrt(np.mean(np.square(e)))) if len(e) else None  # noqa: E731
-    ci = rms_ci(np.array(cmd_err), batch=50, confidence=CONFIDENCE) if cmd_err else None
+    ci = rms_ci(cmd_err, batch=50, confidence=CONFIDENCE) if len(cmd_err) else None
     return {"action_rmse_rad": rmse(cmd_err), "action_rmse_rad_ci95": None if ci is None else list(ci),
             "ticks_compared": len(cmd_err),
             "chunk_rmse_rad_by_step": [rmse(by_step[h]) for h in sorted(by_step)],

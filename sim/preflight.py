@@ -10,17 +10,18 @@ from edgeinfer.sim.config import ReplayConfig
 
 
 def policy_shape(runtime: RuntimeConfig, log: ArmLog) -> dict:
-    """n_joints, stride_ticks (control ticks per chunk step) and control_rate_hz (None: any) of the policy the
-    runtime will serve: the action-token policy's manifest, or a bring-your-own spec (one step per period)."""
+    """n_joints, stride_ticks (control ticks per chunk step), horizon (chunk steps after the anchor) and
+    control_rate_hz (None: any) of the policy the runtime will serve: the action-token policy's manifest, or a
+    bring-your-own spec (one step per period)."""
     if runtime.byo_spec is not None:
         from edgeinfer.engines.byo import ByoSpec
 
         spec = ByoSpec.load(runtime.byo_spec, model=runtime.byo_model)
-        return {"n_joints": spec.n_joints, "stride_ticks": max(1, round(log.rate_hz / spec.rate_hz)),
+        return {"n_joints": spec.n_joints, "stride_ticks": max(1, round(log.rate_hz / spec.rate_hz)), "horizon": 1,
                 "control_rate_hz": None}
     manifest = json.loads(runtime.policy.read_text())
     return {"n_joints": manifest["config"]["n_joints"], "stride_ticks": manifest["config"]["stride_ticks"],
-            "control_rate_hz": manifest.get("control_rate_hz")}
+            "horizon": manifest["config"]["horizon"], "control_rate_hz": manifest.get("control_rate_hz")}
 
 
 def check_run_fits(log: ArmLog, policy: dict, cfg: ReplayConfig, deadline_ms: float) -> None:

@@ -47,14 +47,19 @@ from edgeinfer.sim.metrics import summarize, write_ticks
 from edgeinfer.sim.pacing import SpinTail, scaled_period_ns, send_timing_report, should_skip
 from edgeinfer.sim.plots import write_plots
 from edgeinfer.sim.preflight import check_run_fits, policy_shape
+from edgeinfer.sim.received import Chunks, Commands
 from edgeinfer.sim.report import print_table, replay_progress, write_report
 from edgeinfer.sim.schedule import observation, previous_rows, tick_grid
 from edgeinfer.sim.supervisor import Supervisor, gap_report, injected_section, safety_report, stall_report
 
+# chunk slots beyond one per replan (Recording.start): a restarted runtime plans on a new phase
+CHUNK_SLOTS_SPARE = 64
+
 
 @dataclass
 class Recording:
-    """What the replayer saw, all on its own clock (ns). Index i is a log row (one observation)."""
+    """What the replayer saw, all on its own clock (ns). Index i is a log row (one observation). What it received
+    is kept in preallocated columns (sim/received.py), not as messages: its memory stays flat through the run."""
 
     t0_ns: int
     period_ns: int
@@ -62,18 +67,55 @@ class Recording:
     tick: np.ndarray  # (N,) control tick of observation i
     t_sched_ns: np.ndarray  # (N,) scheduled send time of observation i: t0 + tick * period
     t_sent_ns: np.ndarray  # (N,) actual send time (0 = not sent: the run was interrupted)
+    commands: Commands  # the first command for each tick 0..n_ticks-1
+    chunks: Chunks  # the last chunk for each observation it was planned from
     skipped: np.ndarray | None = None  # (N,) bool: not sent, stale after a stall (t_sent = when skipped)
     pacing: dict = field(default_factory=dict)  # sim/pacing.send_timing_report
     faults: dict | None = None  # FaultInjector.report() when faults were injected
-    commands: dict[int, tuple[int, JointCommand]] = field(default_factory=dict)  # tick -> (t_recv, first command)
-    chunks: list[tuple[int, ActionChunk]] = field(default_factory=list)  # (t_recv, chunk)
-    rejected_commands: int = 0  # for a tick out of range or not yet due: no real control loop sends those
+    # commands for a tick out of range or not yet due, or with another joint count: no real control loop sends those
+    rejected_commands: int = 0
     duplicate_commands: int = 0  # a second command for a tick (the first one counts): a second sender?
+    rejected_chunks: int = 0  # chunks with another joint count, or a field outside int64
     malformed: int = 0
     interrupted: bool = False
     node_stats: dict = field(default_factory=dict)  # sender -> its newest wire.Stats
     pre_roll_ticks: int = 0  # ticks 0..pre_roll_ticks-1 streamed the arm at rest before row 0 (see the docstring)
     pre_roll_skipped: int = 0  # pre-roll observations not sent: stale after a stall, as rows are skipped
+
+    @classmethod
+    def start(cls, t0_ns: int, period_ns: int, ticks: np.ndarray, n_joints: int, chunk_steps: int,
+              replan_every_ticks: int, pre_roll_ticks: int = 0) -> Recording:
+        """The recording of a run whose rows fall on control ticks `ticks` (N,) int64 (after the pre_roll_ticks),
+        scheduled at t0_ns + tick * period_ns, none sent yet; columns for a command of n_joints joints on every
+        tick up to the last row's, and for a chunk of up to chunk_steps steps every replan_every_ticks."""
+        n_ticks = int(ticks[-1]) + 1
+        return cls(t0_ns, period_ns, n_ticks, ticks, t0_ns + ticks * period_ns, np.zeros(len(ticks), dtype=np.int64),
+                   Commands(n_ticks, n_joints),
+                   Chunks(n_ticks, chunk_steps, n_joints, -(-n_ticks // replan_every_ticks) + CHUNK_SLOTS_SPARE),
+                   skipped=np.zeros(len(ticks), dtype=bool), pre_roll_ticks=pre_roll_ticks)
+
+    def add_command(self, t_recv_ns: int, cmd: JointCommand) -> None:
+        """Keep the first command for each tick (received at t_recv_ns); count a second one (duplicate_commands)
+        and one that no real control loop sends (rejected_commands: for a tick out of the run or not yet due, with
+        another joint count, or with a field outside int64)."""
+        try:
+            if not (self.commands.fits(cmd) and t_recv_ns >= self.t0_ns + cmd.seq * self.period_ns):
+                self.rejected_commands += 1
+            elif not self.commands.put(t_recv_ns, cmd):
+                self.duplicate_commands += 1
+        except OverflowError:
+            self.rejected_commands += 1
+
+    def add_chunk(self, t_recv_ns: int, chunk: ActionChunk) -> None:
+        """Keep chunk (received at t_recv_ns) as the last one of its observation; count one that does not fit
+        (rejected_chunks: another joint count, a field outside int64)."""
+        try:
+            if self.chunks.fits(chunk):
+                self.chunks.put(t_recv_ns, chunk)
+            else:
+                self.rejected_chunks += 1
+        except OverflowError:
+            self.rejected_chunks += 1
 
 
 def load_log(path: Path | None, fmt: str | None = None, **options) -> ArmLog:
@@ -152,7 +194,8 @@ def replay(cfg: ReplayConfig, console: Console | None = None) -> dict:
                              cfg.garbage_per_row, status_rx, cfg.stall_runtime_at_tick, cfg.stall_runtime_ms,
                              spawn_cpus=cfg.runtime.runtime_cpus)
             rec = stream(log, ticks, stride, obs_pub, cmd_rx, chunk_rx, deadline_ms, cfg.settle_ms, sup.on_row,
-                          pacing=cfg, progress=progress, pre_roll_ms=cfg.pre_roll_ms)
+                          pacing=cfg, progress=progress, pre_roll_ms=cfg.pre_roll_ms,
+                          chunk_steps=policy["horizon"] + 1)
             signals.ignore()  # a second Ctrl-C must not lose the report of the first
             stop = Stop("interrupted" if rec.interrupted else "end of log")
             transport.send(obs_pub, stop)
@@ -211,14 +254,17 @@ def replay_nodes(cfg: ReplayConfig, ep: transport.Endpoints) -> list[NodeSpec]:
 
 def stream(log: ArmLog, ticks: np.ndarray, stride: int, obs_pub, cmd_rx, chunk_rx, deadline_ms: float,
             settle_ms: float, on_row=None, pacing: ReplayConfig | None = None, progress=None,
-            pre_roll_ms: float = 0.0) -> Recording:
+            pre_roll_ms: float = 0.0, chunk_steps: int = 1) -> Recording:
     """Publish every sample at its tick on an absolute schedule (sim/pacing.py: time scale, skip-ahead after a
     stall unless catch_up, or as fast as possible), through the network fault injector when pacing.faults is
     active; stop early (keeping what was sent) on KeyboardInterrupt.
 
     First, pre_roll_ms (rounded up to whole ticks of the replay period) of the arm at rest at row 0's position,
     on the schedule whatever the pacing, outside the faults, on_row and the send-timing figures; the log's rows
-    follow on the ticks after it (rec.tick = ticks + rec.pre_roll_ticks)."""
+    follow on the ticks after it (rec.tick = ticks + rec.pre_roll_ticks).
+
+    The recording's columns are allocated before the first send, for chunks of chunk_steps steps (the policy's
+    horizon + 1; a longer chunk widens them, a copy) planned every pacing.runtime.replan_every_ticks."""
     pacing = pacing or ReplayConfig()
     afap = pacing.as_fast_as_possible
     injector = FaultInjector(pacing.faults) if pacing.faults.active else None
@@ -233,8 +279,7 @@ def stream(log: ArmLog, ticks: np.ndarray, stride: int, obs_pub, cmd_rx, chunk_r
     tail = SpinTail(period)
     n_pre = math.ceil(pre_roll_ms * 1e6 / period)
     ticks = np.asarray(ticks) + n_pre
-    rec = Recording(t0, period, int(ticks[-1]) + 1, ticks, t0 + ticks * period, np.zeros(len(log), dtype=np.int64),
-                    skipped=np.zeros(len(log), dtype=bool), pre_roll_ticks=n_pre)
+    rec = Recording.start(t0, period, ticks, log.n_joints, chunk_steps, pacing.runtime.replan_every_ticks, n_pre)
     prev = previous_rows(ticks, stride)
     transport.send(obs_pub, Start(t0, period, rec.n_ticks))
     try:
@@ -352,17 +397,11 @@ def _collect(cmd_rx, chunk_rx, rec: Recording, grabbed: list = ()) -> None:
     # Receiver._decode counts a malformed message as drain() would
     early = [(tg, m) for tg, rx, frames in grabbed if (m := rx._decode(frames)) is not None]
     for t_msg, msg in early + [(t, m) for m in cmd_rx.drain()]:
-        if not isinstance(msg, JointCommand):
-            continue
-        if not (0 <= msg.seq < rec.n_ticks and t_msg >= rec.t0_ns + msg.seq * rec.period_ns):
-            rec.rejected_commands += 1
-        elif msg.seq in rec.commands:
-            rec.duplicate_commands += 1
-        else:
-            rec.commands[msg.seq] = (t_msg, msg)
+        if isinstance(msg, JointCommand):
+            rec.add_command(t_msg, msg)
     for t_msg, msg in early + [(t, m) for m in chunk_rx.drain()]:
         if isinstance(msg, ActionChunk):
-            rec.chunks.append((t_msg, msg))
+            rec.add_chunk(t_msg, msg)
         elif isinstance(msg, Stats):
             rec.node_stats[msg.sender] = msg
     rec.malformed = cmd_rx.malformed + chunk_rx.malformed

@@ -15,6 +15,7 @@ import zmq
 from edgeinfer.core import clock, transport
 from edgeinfer.core.clock import now_ns, sleep_until
 from edgeinfer.core.wire import MAX_HEADER_BYTES, Heartbeat, Observation, Stats, encode
+from edgeinfer.sim.received import HOLD, NONE, Commands
 
 HEARTBEAT_PERIOD_MS = 20.0
 LEASE_MS = 100.0
@@ -158,22 +159,25 @@ class Supervisor:
 
 
 def gap_report(sup: Supervisor, outcome: np.ndarray, t_sched_ns: np.ndarray, period_ns: int,
-               commands: dict | None = None) -> dict | None:
+               commands: Commands | None = None) -> dict | None:
     """The gap a killed runtime left, from per-row outcomes (on_time/late/lost/hold) on the replayer's clock:
     rows until the first hold after the kill, rows, holds and misses until recovery (or the end of the run:
     rows_in_gap, ticks_held, misses_in_gap), the longest run of holds (ms),
-    and the time from the kill to the first on-time command after the restart. From `commands` (tick ->
-    (t_recv, JointCommand)): how long after the kill the control loop sent its first hold
+    and the time from the kill to the first on-time command after the restart. From `commands` (every command
+    received, sim/received.Commands): how long after the kill the control loop sent its first hold
     (`first_hold_after_kill_ms`, on the control loop's send time: same host clock) and how many commands it
     sent more than two control periods after the kill from a chunk the dead runtime planned
     (`unheld_after_two_periods`: 0 when it held in time). None when nothing was killed."""
     if sup.t_kill_ns is None:
         return None
-    sent = sorted((c.t_ns, c.rung, c.chunk_obs_seq) for _, c in (commands or {}).values() if c.t_ns > sup.t_kill_ns)
-    first_hold = next((t for t, rung, _ in sent if rung == "hold"), None)
-    # a command from a chunk of the dead runtime (planned from an observation up to the kill), sent late
-    unheld = sum(1 for t, rung, seq in sent
-                 if t > sup.t_kill_ns + 2 * period_ns and rung != "hold" and seq <= sup.killed_tick)
+    first_hold, unheld = None, 0
+    if commands is not None:
+        after = (commands.rung != NONE) & (commands.t_ns > sup.t_kill_ns)
+        hold = commands.rung == HOLD
+        first_hold = int(commands.t_ns[after & hold].min()) if (after & hold).any() else None
+        # a command from a chunk of the dead runtime (planned from an observation up to the kill), sent late
+        unheld = int(np.sum(after & ~hold & (commands.t_ns > sup.t_kill_ns + 2 * period_ns)
+                            & (commands.chunk_obs_seq <= sup.killed_tick)))
     k = sup.killed_row
     rows = np.arange(len(outcome))
     after = rows > k
@@ -245,17 +249,17 @@ def injected_section(cfg, report: dict, sup: Supervisor) -> dict:
             "garbage_per_row": cfg.garbage_per_row or None}
 
 
-def safety_report(commands: dict, q_min_rad, q_max_rad, qd_max_rad_s: float, period_ns: int) -> dict:
-    """The replayer's own check of every command it received (tick -> (t_recv, JointCommand)): non-finite
-    values, positions outside [q_min, q_max], and steps between consecutive ticks faster than qd_max
-    (1e-9 rad of rounding allowed)."""
-    ticks = sorted(commands)
-    if not ticks:  # a run stopped before its first command: nothing to check, and nothing unsafe was sent
+def safety_report(commands: Commands, q_min_rad, q_max_rad, qd_max_rad_s: float, period_ns: int) -> dict:
+    """The replayer's own check of every command it received (sim/received.Commands): non-finite values,
+    positions outside [q_min, q_max], and steps between consecutive ticks faster than qd_max (1e-9 rad of
+    rounding allowed)."""
+    ticks = commands.ticks()
+    if not len(ticks):  # a run stopped before its first command: nothing to check, and nothing unsafe was sent
         return {"commands_checked": 0, "nonfinite": 0, "outside_position_limits": 0, "over_velocity_limit": 0}
-    q = np.array([commands[k][1].q_rad for k in ticks]).reshape(len(ticks), -1)
+    q = commands.q_rad[ticks]
     finite = np.isfinite(q).all(axis=1)
     outside = (q < np.asarray(q_min_rad) - 1e-9) | (q > np.asarray(q_max_rad) + 1e-9)
-    consecutive = np.diff(ticks) == 1 if len(ticks) > 1 else np.zeros(0, dtype=bool)
+    consecutive = np.diff(ticks) == 1
     step = np.abs(np.diff(q, axis=0)).max(axis=1) if len(ticks) > 1 else np.zeros(0)
     too_fast = consecutive & (step > qd_max_rad_s * period_ns / 1e9 + 1e-9)
     return {"commands_checked": len(ticks), "nonfinite": int(np.sum(~finite)),

@@ -12,6 +12,7 @@ from edgeinfer.core.wire import ActionChunk, JointCommand
 from edgeinfer.logs.arm_log import synthetic_log
 from edgeinfer.sim.config import ReplayConfig
 from edgeinfer.sim.metrics import summarize
+from edgeinfer.sim.received import Chunks, Commands
 from edgeinfer.sim.replay import Recording
 
 PERIOD_NS = 4_000_000  # 250 Hz
@@ -29,7 +30,7 @@ def recording(seconds: float = 6.0, seed: int = 0, drop_rate: float = 0.0, stall
     t0 = 1_000_000_000
     t_sched = t0 + ticks * PERIOD_NS
     t_sent = t_sched + rng.integers(5_000, 40_000, n)
-    rec = Recording(t0, PERIOD_NS, n, ticks, t_sched, t_sent)
+    rec = Recording(t0, PERIOD_NS, n, ticks, t_sched, t_sent, Commands(n, log.n_joints), Chunks(n, 9, log.n_joints, n))
     stall = (stall_at_s * 1e9 <= ticks * PERIOD_NS) & (ticks * PERIOD_NS < stall_at_s * 1e9 + stall_ms * 1e6)
     held_q = None
     for i in range(n):
@@ -37,8 +38,8 @@ def recording(seconds: float = 6.0, seed: int = 0, drop_rate: float = 0.0, stall
         if i % STRIDE == 0 and not killed:
             t_ready = int(t_sent[i] + rng.integers(2_000_000, 3_000_000))
             steps = log.q_rad[np.minimum(i + STRIDE * np.arange(9), n - 1)] + rng.normal(0, 1e-3, (9, log.n_joints))
-            rec.chunks.append((t_ready + 80_000, ActionChunk(i // STRIDE, i, int(t_sched[i]), t_ready,
-                                                             STRIDE * PERIOD_NS, steps, "full", 48, 12, 44, 36)))
+            rec.add_chunk(t_ready + 80_000, ActionChunk(i // STRIDE, i, int(t_sched[i]), t_ready,
+                                                       STRIDE * PERIOD_NS, steps, "full", 48, 12, 44, 36))
         if rng.random() < drop_rate:
             continue
         t_cmd = int(t_sched[i] + 500_000 + rng.integers(0, 50_000))
@@ -50,7 +51,7 @@ def recording(seconds: float = 6.0, seed: int = 0, drop_rate: float = 0.0, stall
             q, rung = held_q, "hold"
         else:
             q, rung = log.q_rad[i] + rng.normal(0, 1e-3, log.n_joints), "full"
-        rec.commands[i] = (int(t_sched[i] + latency), JointCommand(i, i, i - i % STRIDE, t_cmd, q, rung))
+        rec.add_command(int(t_sched[i] + latency), JointCommand(i, i, i - i % STRIDE, t_cmd, q, rung))
     return rec, log
 
 

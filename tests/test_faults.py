@@ -179,7 +179,8 @@ def test_a_runtime_stall_needs_its_row_and_defaults_to_20_ms():
 
 
 def test_a_run_stopped_before_its_first_command_has_a_safety_report():
+    from edgeinfer.sim.received import Commands
     from edgeinfer.sim.supervisor import safety_report
 
-    assert safety_report({}, [-1.0] * 6, [1.0] * 6, 2.0, 4_000_000) == {
+    assert safety_report(Commands(0, 6), [-1.0] * 6, [1.0] * 6, 2.0, 4_000_000) == {
         "commands_checked": 0, "nonfinite": 0, "outside_position_limits": 0, "over_velocity_limit": 0}

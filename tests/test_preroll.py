@@ -16,6 +16,7 @@ from edgeinfer.logs.arm_log import synthetic_log
 from edgeinfer.sim.compare import compare
 from edgeinfer.sim.config import ReplayConfig
 from edgeinfer.sim.metrics import summarize
+from edgeinfer.sim.received import Chunks, Commands
 from edgeinfer.sim.replay import Recording, stream
 from edgeinfer.sim.report import print_table
 from edgeinfer.sim.schedule import tick_grid
@@ -31,16 +32,16 @@ def _run(pre_roll_ticks: int) -> tuple[dict, dict]:
     on time (0.6-0.66 ms after it is due) from a full chunk; the log's rows sit on the ticks after the pre-roll."""
     log = synthetic_log(seconds=N_ROWS / 250, seed=0)
     ticks = np.arange(N_ROWS) + pre_roll_ticks
-    rec = Recording(T0, PERIOD, pre_roll_ticks + N_ROWS, ticks, T0 + ticks * PERIOD, T0 + ticks * PERIOD + 10_000,
-                    pre_roll_ticks=pre_roll_ticks)
+    n_ticks = pre_roll_ticks + N_ROWS
+    rec = Recording(T0, PERIOD, n_ticks, ticks, T0 + ticks * PERIOD, T0 + ticks * PERIOD + 10_000,
+                    Commands(n_ticks, log.n_joints), Chunks(n_ticks, 9, log.n_joints, 1), pre_roll_ticks=pre_roll_ticks)
     steps = np.repeat(log.q_rad[:1], 9, axis=0)  # the first chunk, planned from tick 0's observation
-    rec.chunks.append((T0 + 15_000_000, ActionChunk(0, 0, T0, T0 + 14_000_000, 5 * PERIOD, steps, "full", 48, 12, 44,
-                                                    36)))
+    rec.add_chunk(T0 + 15_000_000, ActionChunk(0, 0, T0, T0 + 14_000_000, 5 * PERIOD, steps, "full", 48, 12, 44, 36))
     for k in range(pre_roll_ticks + N_ROWS):
         rung = "hold" if k < FIRST_COMMAND_TICK else "full"
         q = log.q_rad[max(0, k - pre_roll_ticks)] + 1e-4 * (k % 3)
         t_recv = T0 + k * PERIOD + 600_000 + (k % 7) * 10_000
-        rec.commands[k] = (t_recv, JointCommand(k, k, -1 if rung == "hold" else k, 0, q, rung))
+        rec.add_command(t_recv, JointCommand(k, k, -1 if rung == "hold" else k, 0, q, rung))
     return summarize(rec, log, ReplayConfig(), PERIOD / 1e6, 5)
 
 

@@ -60,17 +60,18 @@ def test_a_replay_reports_the_raw_jump_and_the_commanded_step_at_boundaries():
 
     from edgeinfer.core.wire import JointCommand
     from edgeinfer.sim.boundaries import boundary_section
+    from edgeinfer.sim.received import Commands
 
     period = 2 * MS
     old, new = chunk(T, OLD, obs_seq=0), chunk(T + STEP, NEW, obs_seq=5)
-    commands = {}
+    commands = Commands(11, 1)
     for n in range(10):  # ticks 0..4 from the old chunk, 5..9 from the new one, unstitched
         c = old if n < 5 else new
         t = T + n * period
-        commands[n] = (t, JointCommand(n, 0, c.obs_seq, t, target_at(c, t), "full"))
-    commands[10] = (0, JointCommand(10, 0, -1, 0, commands[9][1].q_rad, "hold"))
+        commands.put(t, JointCommand(n, 0, c.obs_seq, t, target_at(c, t), "full"))
+    commands.put(0, JointCommand(10, 0, -1, 0, commands.q_rad[9], "hold"))
     rec = SimpleNamespace(commands=commands, t0_ns=T, period_ns=period)
-    out = boundary_section(rec, {0: old, 5: new})
+    out = boundary_section(rec, {0: old, 5: new}.get)
     assert out["raw_jump_rad"]["count"] == 1 and out["raw_jump_rad"]["max"] == pytest.approx(0.5)
     assert out["step_at_boundary_rad"]["max"] == pytest.approx(0.5 + 0.2)  # the jump plus one tick of motion
     assert out["step_elsewhere_rad"]["count"] == 8 and out["step_elsewhere_rad"]["max"] == pytest.approx(0.2)
