@@ -6,6 +6,7 @@ import sys
 import pytest
 from synthetic_runs import report
 
+from edgeinfer.cli import main as edgeinfer_cli
 from edgeinfer.sim.compare import (
     BETTER,
     CHANGED,
@@ -70,25 +71,27 @@ def test_version_1_reports_are_read_but_not_judged_by_intervals(clean):
     assert by["latency p50"] == by["latency max"] == NOT_JUDGED and by["miss rate"] == SAME
 
 
-def test_cli_compare_exit_codes_json_and_errors(clean, tmp_path):
+def test_cli_compare_exit_codes_json_and_errors(clean, tmp_path, capsys):
+    # the command line through edgeinfer.cli.main in this process (a fresh interpreter per call costs seconds of
+    # imports; test_real_replays_clean_vs_runtime_killed runs `python -m edgeinfer compare` itself)
+    def cli(*argv):
+        capsys.readouterr()
+        code = edgeinfer_cli(["compare", *map(str, argv)])
+        return code, capsys.readouterr()
+
     a = write_report(clean, tmp_path / "a")
     b = write_report(report("killed", seed=1, kill_at_tick=700)[0], tmp_path / "b")
-    cmd = [sys.executable, "-m", "edgeinfer", "compare", str(a), str(b)]
-    proc = subprocess.run(cmd + ["--json", str(tmp_path / "cmp.json")], capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr
-    assert "ticks hold" in proc.stdout and "worse" in proc.stdout
+    code, out = cli(a, b, "--json", tmp_path / "cmp.json")
+    assert code == 0, out.err
+    assert "ticks hold" in out.out and "worse" in out.out
     doc = json.loads((tmp_path / "cmp.json").read_text())
     assert doc["schema"] == "edgeinfer.compare/1" and "ticks hold" in doc["regressions"]
     assert {r["figure"] for r in doc["rows"]} >= {"latency p99", "miss rate", "action RMSE"}
-    proc = subprocess.run(cmd + ["--fail-on-regression"], capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 1
-    proc = subprocess.run([sys.executable, "-m", "edgeinfer", "compare", str(a), str(a), "--fail-on-regression"],
-                          capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0
+    assert cli(a, b, "--fail-on-regression")[0] == 1
+    assert cli(a, a, "--fail-on-regression")[0] == 0
     (tmp_path / "bad.json").write_text("{not json")
-    proc = subprocess.run([sys.executable, "-m", "edgeinfer", "compare", str(a), str(tmp_path / "bad.json")],
-                          capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 2 and "bad.json: not JSON" in proc.stderr
+    code, out = cli(a, tmp_path / "bad.json")
+    assert code == 2 and "bad.json: not JSON" in out.err
 
 
 def test_load_report_refuses_other_files(tmp_path):

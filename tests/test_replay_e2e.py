@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from rich.console import Console
 
+from edgeinfer.core.scheduler import SchedulerConfig
 from edgeinfer.engines.paths import DEFAULT_POLICY
 from edgeinfer.logs.arm_log import ArmLog, LogError, synthetic_log, write_schunk
 from edgeinfer.node.runtime import RuntimeConfig
@@ -31,7 +32,11 @@ def _check_accounting(report):
 
 
 def test_real_schunk_measurement_speculative(schunk_dir, tmp_path):
-    cfg = ReplayConfig(log=schunk_dir / "measurement_1", out=tmp_path)
+    # k fixed (adaptive off): whether the adaptive planner speculates depends on the measured cost of a pass, so
+    # on the host's load (with two CPU burners on this 2-core VM it drafted nothing in a whole run); it is
+    # tested on an injected clock (tests/test_adaptive_probe.py, tests/test_runtime_auto.py)
+    cfg = ReplayConfig(log=schunk_dir / "measurement_1", out=tmp_path,
+                       runtime=RuntimeConfig(scheduler=SchedulerConfig(adaptive=False)))
     report = replay(cfg, Console(quiet=True))
     on_disk = json.loads((tmp_path / "report.json").read_text())
     assert on_disk["schema"] == "edgeinfer.replay/1" and on_disk == json.loads(json.dumps(report))
@@ -41,7 +46,7 @@ def test_real_schunk_measurement_speculative(schunk_dir, tmp_path):
     # No miss-rate bar here: misses depend on the load of this shared machine; the reported figures
     # come from the CLI runs in the README. What does not depend on load: the drafter's work.
     # drafts were kept (how many passes the 20 ms budget allows after the prefill depends on the CPU and its
-    # load; bench spec measures tokens per pass without a budget)
+    # load; bench spec measures tokens per pass without a budget): 2.6-2.8 here, loaded or not
     assert report["spec"]["tokens_per_target_pass"] > 1.05
     assert 0 < report["spec"]["acceptance_rate"] < 1
     # which rungs serve the ticks depends on the CPU (a whole chunk in 20 ms needs a fast one): not asserted

@@ -45,7 +45,8 @@ def test_plan_crosses_logs_configs_and_grid(tmp_path):
 @pytest.mark.slow
 def test_sweep_on_local_ray(schunk_dir, tmp_path):
     ray = pytest.importorskip("ray")
-    logs = [schunk_dir / "measurement_1", schunk_dir / "measurement_11"]
+    # one log: crossing logs with configs is the plan's (test above); each real replay here costs seconds
+    logs = [schunk_dir / "measurement_1"]
     path = _sweep_file(tmp_path, logs, base='slo = "p99<=20ms,miss<=50%"\n[base.runtime]\nwarmup_chunks = 5\n',
                        configs='[configs.speculative]\nruntime.decode = "speculative"\n'
                                '[configs.target-only]\nruntime.decode = "target-only"\n'
@@ -59,7 +60,7 @@ def test_sweep_on_local_ray(schunk_dir, tmp_path):
     assert [r["run"] for r in rows] == [f"{log.name}/{c}" for log in logs
                                         for c in ("speculative", "target-only", "bad-option", "no-policy")]
     ok = [r for r in rows if r["status"] == "ok"]
-    assert [r["config"] for r in ok] == ["speculative", "target-only"] * 2
+    assert [r["config"] for r in ok] == ["speculative", "target-only"]
     for r in ok:
         rep = r["report"]
         assert rep["log"] == r["log"].rsplit("/", 1)[-1] and rep["observations_sent"] == 250  # 1 s at 250 Hz
@@ -70,12 +71,12 @@ def test_sweep_on_local_ray(schunk_dir, tmp_path):
         assert r["verdict"] in ("VALID", "INVALID") and r["error"] is None
         assert (tmp_path / "out" / r["run"].replace("/", "__") / "report.json").exists()
     failed = [r for r in rows if r["status"] == "failed"]
-    assert len(failed) == 4 and all(r["report"] is None for r in failed)
+    assert len(failed) == 2 and all(r["report"] is None for r in failed)
     for r in failed:
         assert ("time_scale" in r["error"]) if r["config"] == "bad-option" else (
             "exit code 2" in r["error"] and "nonexistent" in r["error"])
     on_disk = json.loads((tmp_path / "out" / "sweep.json").read_text())
-    assert on_disk["schema"] == "edgeinfer.sweep/1" and len(on_disk["runs"]) == 8
+    assert on_disk["schema"] == "edgeinfer.sweep/1" and len(on_disk["runs"]) == 4
     table = list(csv.DictReader((tmp_path / "out" / "sweep.csv").open()))
     assert [t["status"] for t in table] == [r["status"] for r in rows]
     assert float(table[0]["latency_p50_ci95_lo"]) <= float(table[0]["latency_p50_ms"])
