@@ -3,7 +3,9 @@
 Each tick n runs at t0 + n * period + phase (t0 and period come from the Start message, on the host's
 shared monotonic clock). Per tick it takes every pending chunk and the newest observation, interpolates
 the newest chunk that covers the tick, clamps it to the safety limits and sends a JointCommand. When no
-chunk covers the tick the watchdog holds the last command (rung "hold"): the robot always gets a command.
+chunk covers the tick the watchdog holds the last command (rung "hold"): the robot always gets a command (one the
+full commands queue refuses is counted: commands_dropped). Ticks skipped by a stall are counted (overruns), those
+at the very end of the run too.
 
 The runtime's liveliness (edgeinfer.core.liveliness): it is lost from the moment its connection drops (socket
 monitor) or its Heartbeat lease expires. The lease follows the measured link (1.5 x the longest recent gap
@@ -86,6 +88,7 @@ class ControlStats(CommandCounters):
     observations: int = 0  # Observation messages received
     obs_superseded: int = 0  # observations dropped unused: a newer one was queued (latest-only)
     overruns: int = 0  # ticks skipped because the loop ran a whole period or more late (live)
+    commands_dropped: int = 0  # commands made but not sent: the commands queue was full (HWM), nobody reading
     malformed: int = 0
     malformed_by_kind: dict = field(default_factory=dict)
     runtime_lost: int = 0  # times the runtime was declared lost (connection dropped or lease expired)
@@ -179,6 +182,10 @@ class ControlLoop:
                 break
             self._command(n, t_tick, period_s)
             self._publish_status()
+        # a stall at the very end skips ticks the loop never ran again to count; those past its last tick are not its
+        end = min(n, start.n_ticks)
+        if (overruns := ticker.overruns - (n - end)) != self.stats.overruns:
+            self._overran(end, overruns)
         self._take_messages(self.clock())  # count what arrived for the last tick
         self._refresh_stats()
         self.log.close()
@@ -312,7 +319,8 @@ class ControlLoop:
         self.last_q, self.last_t_ns = cmd.q_rad, t_tick_ns
         obs_seq = self.last_obs.seq if self.last_obs is not None else -1
         t_send = self.clock()
-        transport.send(self.commands, JointCommand(n, obs_seq, cmd.chunk_obs_seq, t_send, cmd.q_rad, cmd.rung))
+        sent = transport.send(self.commands, JointCommand(n, obs_seq, cmd.chunk_obs_seq, t_send, cmd.q_rad, cmd.rung))
+        self.stats.commands_dropped += not sent  # the queue to the robot is full: nobody is reading
         self.telemetry.observe_ns("tick_lateness", t_send - t_tick_ns)
 
     def close(self) -> None:

@@ -4,10 +4,12 @@ on_runtime_lost) and how every loss is counted, published and logged; overruns i
 runtime's messages reach the loop through a fake link with per-message arrival times; commands, Heartbeats,
 Stats and ErrorEvents go to a sink that decodes them."""
 import dataclasses
+import time
 from collections import Counter
 
 import numpy as np
 import pytest
+import zmq
 
 from edgeinfer.control.loop import ControlConfig, ControlLoop
 from edgeinfer.core import transport
@@ -62,6 +64,20 @@ class Sink:
         pass
 
 
+class Backlogged(Sink):
+    """The commands socket with its queue full (HWM reached: nobody reading) while the command of a tick in `full`
+    is sent: zmq raises Again, transport.send says False."""
+
+    def __init__(self, full):
+        super().__init__()
+        self.full = full
+
+    def send_multipart(self, frames, **kw):
+        if decode(frames).seq in self.full:
+            raise zmq.Again()
+        super().send_multipart(frames, **kw)
+
+
 class Disconnect:
     """A LinkMonitor that reports the runtime's connection dropping at t_ns."""
 
@@ -98,15 +114,16 @@ def runtime_messages(*, n_ms: int, hb_ms: float = 2.0, lease_ms: float = 6.0, ho
     return [(arrival(t), m) for t, m in sent if stop_at_ns is None or t < stop_at_ns]
 
 
-def run_loop(messages, n_ticks: int, link=None, late=None, **cfg):
+def run_loop(messages, n_ticks: int, link=None, late=None, commands=None, **cfg):
     """Tick the control loop n_ticks times on the injected clock (late: {tick: ns} run that late, the ticks it
-    overran skipped). Returns (loop, sink of commands and status, commands, log lines)."""
+    overran skipped; commands: the commands socket, a Sink by default). Returns (loop, sink of status, commands
+    sent, log lines)."""
     clock = Clock(T0)
     loop = ControlLoop(ControlConfig(**cfg), transport.Endpoints("a", "b", "c", "d"), clock=clock)
     lines = []
     loop.log.write = lines.append
     loop.chunks, loop.obs = Link(clock, messages), Link(clock, [])
-    loop.commands, loop.status = Sink(), Sink()
+    loop.commands, loop.status = commands if commands is not None else Sink(), Sink()
     loop.link = link(clock) if link is not None else None
     loop.last_obs = Observation(0, T0, np.zeros(6), np.zeros(6), np.zeros(6))
     loop.begin(Start(T0, PERIOD, n_ticks))
@@ -216,21 +233,72 @@ class Parent:
         return False
 
 
-def test_overruns_are_in_the_live_stats_and_logged_throttled():
-    # the run starts 50 ms late (a host stall): the ticks a whole period or more behind are skipped and counted
-    # at once, in the first Stats, not only in the last. On the real clock: a longer host stall only adds some.
+class Stalling(Link):
+    """An idle runtime's chunk SUB in which the loop stalls `stall_ms` (on the real clock) at its read number `at`:
+    a host stall in the middle of a tick."""
+
+    def __init__(self, at: int, stall_ms: float):
+        super().__init__(Clock(0), [])
+        self.at, self.stall_ms, self.reads = at, stall_ms, 0
+
+    def drain(self):
+        self.reads += 1
+        if self.reads == self.at:
+            time.sleep(self.stall_ms / 1e3)
+        return super().drain()
+
+
+def real_time_loop(chunks=None):
+    """A control loop for run() on the real clock, its runtime idle (no chunks: every tick holds at the observed
+    position). Returns (loop, status sink, log lines)."""
     loop = ControlLoop(ControlConfig(), transport.Endpoints("a", "b", "c", "d"))
     lines, status = [], Sink()
     loop.log.write = lines.append
     idle = Link(Clock(0), [])
-    loop.chunks, loop.obs, loop.link, loop.parent, loop.rt_warning = idle, idle, None, Parent(), None
+    loop.chunks, loop.obs, loop.link, loop.parent, loop.rt_warning = chunks or idle, idle, None, Parent(), None
     loop.commands, loop.status = Sink(), status
-    stats = loop.run(Start(now_ns() - 50 * MS, PERIOD, 20))
+    loop.last_obs = Observation(0, 0, np.zeros(6), np.zeros(6), np.zeros(6))
+    return loop, status, lines
+
+
+def test_overruns_are_in_the_live_stats_and_logged_throttled():
+    # the run starts 50 ms late (a host stall): the ticks a whole period or more behind are skipped and counted
+    # at once, in the first Stats, not only in the last. On the real clock: a longer host stall only adds some
+    # (240 ms of ticks: a 100 ms stall more still leaves ticks to run).
+    loop, status, lines = real_time_loop()
+    stats = loop.run(Start(now_ns() - 50 * MS, PERIOD, 60))
     first, *_, last = status.of(Stats)
     assert first.counters["overruns"] >= 12  # (50 + 1 ms phase) // 4 ms, before the first tick ran
     assert last.counters["overruns"] == stats.overruns >= first.counters["overruns"]
     overrun_lines = [line for line in lines if "overrun" in line]
     assert overrun_lines[0].startswith("control: overrun: ") and len(overrun_lines) <= 3
+    assert stats.ticks + stats.overruns == 60  # every tick commanded or counted
+
+
+def test_ticks_a_stall_skips_at_the_very_end_are_overruns():
+    # The loop stalls 100 ms in its 12th tick, past the run's last tick (20 ticks, 80 ms): it never runs again, yet
+    # the ticks it skipped are counted (before: 12 ticks, 0 overruns). Every tick is commanded or counted, whatever
+    # else the machine stalls: the stall can only move ticks from one side to the other.
+    loop, status, lines = real_time_loop(chunks=Stalling(at=12, stall_ms=100))
+    stats = loop.run(Start(now_ns() + 5 * MS, PERIOD, 20))
+    assert stats.ticks <= 12 and stats.ticks + stats.overruns == 20
+    assert status.of(Stats)[-1].counters["overruns"] == stats.overruns  # in the final Stats, for the report
+    assert any(line.startswith("control: overrun: ") for line in lines)  # logged (throttled: maybe summed)
+    # a run that a stall ended before its first tick: every tick an overrun
+    loop, status, _ = real_time_loop()
+    stats = loop.run(Start(now_ns() - 200 * MS, PERIOD, 20))
+    assert (stats.ticks, stats.overruns, status.of(Stats)[-1].counters["overruns"]) == (0, 20, 20)
+
+
+def test_commands_the_full_commands_queue_refuses_are_counted():
+    # nobody reads the commands for ticks 20..69 (the queue is full): each tick is still commanded, and each command
+    # that could not leave is counted, in the live Stats as it happens (sent with a Heartbeat: ticks 0 and 51)
+    loop, status, cmds, _ = run_loop(runtime_messages(n_ms=400), 100, commands=Backlogged(range(20, 70)))
+    st = loop.stats
+    assert st.ticks == 100 and [c.seq for c in cmds] == [*range(20), *range(70, 100)]
+    assert [s.counters["commands_dropped"] for s in status.of(Stats)] == [0, 32]
+    loop._refresh_stats()
+    assert st.commands_dropped == 50 and loop.telemetry.snapshot().counters["commands_dropped"] == 50
 
 
 # ---- corrupt but decodable messages: none may poison the loop's state ---------------------------------------

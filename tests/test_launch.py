@@ -154,10 +154,13 @@ def test_acceptance_run_through_launch_reports_faults_and_compare_flags_them(tmp
     assert injected["runtime_stall"]["done_at_row"] == 150 and injected["runtime_stall"]["stopped_ms"] >= 20.0
     assert injected["runtime_kill"] == {"at_row": 400, "restart_after_ms": 100.0, "done_at_row": 400,
                                         "restarted": True}
-    # their effects: holds while the runtime was stopped, and in the gap the kill left
-    stall = report["runtime_stall"]
-    assert stall["resumed"] and stall["window"]["during"]["rows"] >= 4
-    assert stall["window"]["during"]["misses"] > 0
+    # their effects. The stall: every row of its window has an outcome, and the control loop found the runtime lost
+    # and saw it beat again (late, not dead; the kill's loss never returns). Under on_runtime_lost = "finish" the
+    # chunks already received may cover a 20 ms stall, so it need cost no miss. The kill: holds in its gap.
+    during = report["runtime_stall"]["window"]["during"]
+    assert report["runtime_stall"]["resumed"] and sum(during["outcomes"].values()) == during["rows"] >= 4
+    control = report["node_stats"]["control"]["counters"]
+    assert control["runtime_lost"] > control["runtime_returned"] >= 1
     assert report["runtime_fault"]["killed_exit_code"] == -9 and report["runtime_fault"]["ticks_held"] > 0
     assert report["process_exit_codes"] == {"runtime": 0, "control": 0}  # the restarted one stopped cleanly
     # intervals and a verdict

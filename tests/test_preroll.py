@@ -4,12 +4,11 @@ report's start_up section and time to first command, and the headline's scope. R
 from __future__ import annotations
 
 import io
-import time
 
 import numpy as np
 import pytest
 from rich.console import Console
-from test_replay_timing import sockets  # noqa: F401  (the fixture: a PUB/SUB pair past the slow joiner)
+from test_replay_timing import _received, sockets  # noqa: F401  (the fixture: a PUB/SUB pair past the slow joiner)
 
 from edgeinfer.core.wire import ActionChunk, JointCommand, Observation, Start
 from edgeinfer.logs.arm_log import synthetic_log
@@ -97,8 +96,7 @@ def test_stream_sends_the_pre_roll_before_the_log(sockets):  # noqa: F811
     pub, sub, cmd_rx, chunk_rx = sockets
     log = synthetic_log(seconds=0.1, seed=1)  # 25 rows at 250 Hz
     rec = stream(log, tick_grid(log), 5, pub, cmd_rx, chunk_rx, 1.0, 50.0, pre_roll_ms=18.0)
-    time.sleep(0.05)
-    msgs = sub.drain()
+    msgs = _received(sub, 1 + rec.pre_roll_ticks - rec.pre_roll_skipped + int((~rec.skipped).sum()))
     start, obs = msgs[0], [m for m in msgs if isinstance(m, Observation)]
     assert isinstance(start, Start) and start.n_ticks == 5 + len(log)  # 18 ms at 4 ms: 5 ticks, rounded up
     assert rec.pre_roll_ticks == 5 and rec.tick.tolist() == (tick_grid(log) + 5).tolist()

@@ -8,6 +8,7 @@ import time
 import numpy as np
 import pytest
 import zmq
+from delivery import received
 
 from edgeinfer.core import transport
 from edgeinfer.core.wire import Observation, Start
@@ -57,18 +58,10 @@ def _replay(sockets, log: ArmLog, stall_at: int | None = None, stall_ms: float =
     return rec, [m for m in msgs if isinstance(m, Observation)]
 
 
-def _received(sub, expected: int, timeout_s: float = 10.0) -> list:
-    """Messages from `sub` until `expected` have come, then whatever else is queued already. The timeout is
-    generous: a stalled host delays delivery, never a bar; a message that does not come fails the caller's count.
-    The fixture's slow-joiner probes (Start(0, 1, 1)) that straggle in are left out."""
-    def wanted(m):
-        return m is not None and not (isinstance(m, Start) and m.t0_ns == 0 and m.period_ns == 1)
-
-    msgs = []
-    deadline = time.monotonic() + timeout_s
-    while len(msgs) < expected and time.monotonic() < deadline:
-        msgs += filter(wanted, [sub.recv(100)])
-    return msgs + list(filter(wanted, sub.drain()))
+def _received(sub, expected: int) -> list:
+    """Messages from `sub` until `expected` have come, then whatever else is queued (tests/delivery.py); the
+    fixture's slow-joiner probes (Start(0, 1, 1)) that straggle in are left out."""
+    return received(sub, expected, keep=lambda m: not (isinstance(m, Start) and m.t0_ns == 0 and m.period_ns == 1))
 
 
 def test_time_scale_keeps_an_absolute_schedule(sockets):

@@ -1,14 +1,17 @@
-"""edgeinfer.core.transport over real loopback TCP sockets."""
+"""edgeinfer.core.transport over real loopback TCP sockets; a backlog over inproc, where a message is in the reader's
+queue once send returns (tests/delivery.py)."""
 
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 import zmq
+from delivery import heard, inproc
 
 from edgeinfer.core.transport import (
     LATEST_HWM,
@@ -22,7 +25,7 @@ from edgeinfer.core.transport import (
     wait_for_hello,
     wait_until_subscribed,
 )
-from edgeinfer.core.wire import Hello, Observation, Start, Stop
+from edgeinfer.core.wire import Observation, Start, Stop
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -58,28 +61,29 @@ def test_sockets_are_bounded_and_do_not_linger(ctx, ep):
         pub(ctx, ep.chunks, hwm=0)
 
 
-def _latest_rx(ctx, ep) -> Receiver:
-    return Receiver(sub(ctx, ep.obs, hwm=LATEST_HWM), latest=Observation)
+BACKLOG_EP = inproc("backlog").obs
 
 
-def _subscribed(ctx, ep, rx, hwm=LATEST_HWM):
-    """A PUB on ep.obs whose subscriber rx has heard a Hello (no later message lost to the slow joiner)."""
-    tx = pub(ctx, ep.obs, hwm=hwm)
-    while not isinstance(rx.recv(20), Hello):
-        send(tx, Hello("test", 0, 0))
+def _latest_rx(ctx) -> Receiver:
+    return Receiver(sub(ctx, BACKLOG_EP, hwm=LATEST_HWM), latest=Observation)
+
+
+def _subscribed(ctx, rx, hwm=LATEST_HWM):
+    """A PUB on BACKLOG_EP whose subscriber rx has heard a Hello (no later message lost to the slow joiner)."""
+    tx = pub(ctx, BACKLOG_EP, hwm=hwm)
+    heard(tx, rx)
     while rx.recv(50) is not None:  # the Hellos still queued
         pass
     return tx
 
 
-def test_recv_latest_returns_the_newest_after_a_backlog(ctx, ep):
+def test_recv_latest_returns_the_newest_after_a_backlog(ctx):
     # a stall: 3000 observations queued (far more than READ_LIMIT) before the reader reads again
-    rx = _latest_rx(ctx, ep)
-    tx = _subscribed(ctx, ep, rx)
+    rx = _latest_rx(ctx)
+    tx = _subscribed(ctx, rx)
     received_before = rx.received
     for seq in range(3000):
         assert send(tx, _obs(seq))
-    time.sleep(0.5)  # all of them across loopback into the reader's queue
     newest = []
     for _ in range(50):  # READ_LIMIT at a time: the newest comes back once the queue is read to its end
         got = rx.recv_latest(0)
@@ -92,15 +96,14 @@ def test_recv_latest_returns_the_newest_after_a_backlog(ctx, ep):
     assert rx.received - received_before == 3000 and rx.stale_dropped == 2999
 
 
-def test_recv_latest_holds_the_newest_over_the_read_limit(ctx, ep):
-    rx = _latest_rx(ctx, ep)
-    tx = _subscribed(ctx, ep, rx)
+def test_recv_latest_holds_the_newest_over_the_read_limit(ctx):
+    rx = _latest_rx(ctx)
+    tx = _subscribed(ctx, rx)
     send(tx, Start(1, 2, 3))
     tx.send_multipart([b"garbage"])
     for seq in range(20):
         send(tx, _obs(seq))
     send(tx, Stop("end"))
-    time.sleep(0.2)
     first, second, third = rx.recv_latest(1000, limit=10), rx.recv_latest(0, limit=10), rx.recv_latest(0, limit=10)
     assert (first.msg, [type(m) for m in first.others], first.count) == (None, [Start], 8)  # + garbage + Start
     assert (second.msg, second.others, second.count) == (None, [], 10)
@@ -118,10 +121,12 @@ def test_a_latest_only_reader_needs_a_deep_queue(ctx, ep):
 
 def test_send_never_blocks_when_the_queue_is_full(ctx, ep):
     tx = push(ctx, ep.commands, hwm=1)  # connected to nobody: the pipe fills after HWM messages
-    t0 = time.perf_counter()
-    results = [send(tx, _obs(seq)) for seq in range(10)]
-    assert time.perf_counter() - t0 < 0.1
-    assert results[0] is True and results[-1] is False
+    results = []
+    sender = threading.Thread(target=lambda: results.extend(send(tx, _obs(seq)) for seq in range(10)), daemon=True)
+    sender.start()
+    sender.join(timeout=10)  # a blocking send would wait for a reader for ever
+    assert not sender.is_alive(), "send blocked on a full queue"
+    assert results[0] is True and results[1:] == [False] * 9
 
 
 def test_malformed_is_counted_and_skipped(ctx, ep):
