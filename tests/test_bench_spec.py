@@ -44,6 +44,16 @@ def test_rows_are_complete_and_consistent(cli_run):
         assert r["tokens_per_s"] > 0 and r["action_rmse_rad"] > 0
 
 
+def test_stress_rows_only_probe_a_drafter_that_loses_for_a_few_passes(cli_run):
+    rows = {r["name"].split(" (")[0]: r for r in cli_run[2] if r["name"].endswith(") adaptive")}
+    assert set(rows) == {"slow", "useless", "collapsing"}
+    for r in rows.values():
+        assert r["exact"] and r["chunks"] == 20 and r["vs_best_fixed"] is None and r["probes"] >= 0
+    for name in ("slow", "useless"):  # never ahead: only probes draft, 4 passes of at most k_max = 4 drafts each
+        assert rows[name]["drafted_per_chunk"] * 20 <= rows[name]["probes"] * 4 * 4
+    assert "worst adaptive row" in cli_run[1] and "after the collapse" in cli_run[1]
+
+
 def test_cli_writes_one_entry_per_row(cli_run):
     code, stdout, rows = cli_run
     assert code == 0

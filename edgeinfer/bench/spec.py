@@ -5,6 +5,10 @@ Rows, all decoded in one run by the same target engine (torch fp32 on CPU unless
     <drafter> k=K               each drafter at its best fixed k (best tokens/s in hindsight over `ks`)
     <drafter> adaptive          k chosen per chunk by the scheduler (edgeinfer.core.adaptive), per drafter
     adaptive (drafter, k)       drafter and k chosen per chunk among every drafter (`--drafter auto`)
+    slow / useless / collapsing adaptive
+                                stress rows, adaptive with a drafter that loses (edgeinfer/bench/stress_drafters.py):
+                                kinematic with 12 ms per proposal, random tokens, kinematic then random from
+                                halfway through the held-out chunks (`--no-stress` skips them)
     <best> relaxed +/-1 bin     LOSSY: drafts within one bin of the target's choice are kept
     <best> sampling T=1         Leviathan speculative sampling (exact in distribution: tests/test_sampling.py)
 plus, when `transformers` is installed, the peer: Hugging Face assisted generation against edgeinfer on
@@ -14,9 +18,11 @@ Per row: tokens_per_s (action tokens per second of decode wall time; the observa
 for every row), target_passes_per_chunk, acceptance_rate, action_rmse_rad (decoded chunk against the
 recorded future), exact (token-identical to target-only greedy on every chunk; sampling rows: the chi-square
 test). The adaptive checks: adaptive tokens/s over the best fixed configuration's in hindsight, and over
-target-only tokens/s on each held-out run separately. Every row's time includes choosing the drafter and
-k, and resetting the drafter (a model drafter's own prefill), and is the fastest of --repeats identical
-decodes of the chunk (default 3): identical work measured 0.91-1.05x itself per held-out run with one.
+target-only tokens/s on each held-out run separately; the worst adaptive row over target-only (stress rows
+included), the collapsing row's over the chunks after the collapse, and the probes each adaptive row ran.
+Every row's time includes choosing the drafter and k, and resetting the drafter (a model drafter's own
+prefill), and is the fastest of --repeats identical decodes of the chunk (default 3): identical work
+measured 0.91-1.05x itself per held-out run with one.
 """
 from __future__ import annotations
 
@@ -32,6 +38,7 @@ from rich.progress import Progress
 from rich.table import Table
 
 from edgeinfer.bench.report import check_output
+from edgeinfer.bench.stress_drafters import stress_drafters
 from edgeinfer.core.acceptance import Greedy, Relaxed, Sampling
 from edgeinfer.core.scheduler import SchedulerConfig, TickPlanner
 from edgeinfer.core.speculative import speculative_decode
@@ -43,6 +50,7 @@ from edgeinfer.logs.arm_log import list_schunk_runs, read_schunk, split_of
 
 KS = (1, 2, 3, 4, 6, 8, 12, 16)
 WARMUP_CHUNKS = 24  # > the adaptive planner's exploration of 3 drafters x 5 k
+STRESS_BASE = "kinematic"  # the real drafter the slow and collapsing stress drafters wrap
 AUTO = "auto"  # the adaptive row that chooses the drafter too, named as RuntimeConfig.drafter names it
 
 
@@ -149,11 +157,13 @@ def _fixed(k: int) -> TickPlanner:
 
 def bench_spec(policy: Policy | None = None, data_dir: Path | None = None, per_run: int = 12,
                drafters: tuple[str, ...] | None = None, ks: tuple[int, ...] = KS, backend: str = "torch",
-               peer: bool = True, console: Console | None = None, repeats: int = 3) -> dict:
+               peer: bool = True, console: Console | None = None, repeats: int = 3, stress: bool = True,
+               slow_ms: float = 12.0) -> dict:
     """Run every row (see the module docstring) and return {"rows", "adaptive_per_run", "same_work_per_run",
-    "config"}; same_work_per_run: target-only decoded twice, per held-out run, the second over the first (the
-    spread that identical work shows: the noise floor of the per-run figures). repeats:
-    each greedy and relaxed decode is timed this many times, the fastest kept (the sampling row once)."""
+    "adaptive_worst", "after_collapse_vs_target_only", "config"}; same_work_per_run: target-only decoded twice,
+    per held-out run, the second over the first (the spread that identical work shows: the noise floor of the
+    per-run figures). repeats: each greedy and relaxed decode is timed this many times, the fastest kept (the
+    sampling row once). stress: add the stress rows, the slow drafter's proposals slow_ms slower."""
     from edgeinfer.engines.build import load_engine
 
     console = console or Console(stderr=True)
@@ -165,13 +175,16 @@ def bench_spec(policy: Policy | None = None, data_dir: Path | None = None, per_r
     engine = load_engine(policy, backend)
     drafters = drafters or tuple(DRAFTERS)
     models = {name: make_drafter(name, policy) for name in drafters}
-    choices = {name: [name] for name in drafters} | {AUTO: list(drafters)}
+    stressed = stress_drafters(lambda: make_drafter(STRESS_BASE, policy), policy.cfg.n_bins, slow_ms) if stress else {}
+    models |= stressed
+    choices = {name: [name] for name in drafters} | {AUTO: list(drafters)} | {name: [name] for name in stressed}
     adaptive = {name: TickPlanner(SchedulerConfig(k_max=max(ks)), names) for name, names in choices.items()}
     for p in adaptive.values():
         p.unlimited()
     base = _Row("target-only")
     fixed = {(name, k): _Row(f"{name} k={k}") for name in drafters for k in ks}
-    adapt = {name: _Row("adaptive (drafter, k)" if name == AUTO else f"{name} adaptive") for name in choices}
+    adapt = {name: _Row("adaptive (drafter, k)" if name == AUTO else f"{getattr(models[name], 'label', name)} adaptive")
+             for name in choices}
     per_run_rates, per_run_passes, same_work = {}, {}, {}
     # Warm-up, as the runtime's before its start: first calls pay one-off costs, and the adaptive planners
     # explore (edgeinfer.core.adaptive) on chunks of the training runs, never on the measured ones.
@@ -181,16 +194,26 @@ def bench_spec(policy: Policy | None = None, data_dir: Path | None = None, per_r
             _decode([], engine, policy, f, {}, _fixed(0), Greedy(), None)
             for name in choices:
                 _decode([], engine, policy, f, models, adaptive[name], Greedy(), None)
+    probes = {name: p.chooser.probes for name, p in adaptive.items()}  # the warm-up's, not counted
+    late_base, late_collapsing = _Row("after the collapse"), _Row("after the collapse")  # the second half
     bar = Progress(*Progress.get_default_columns(), console=console, transient=True)
     task = bar.add_task("held-out chunks, every row side by side", total=len(feats))
     bar.start()
+    done = 0
     for run, (run_feats, _) in runs.items():
         run_base, run_again, run_adapt = _Row(run), _Row(run), {name: _Row(run) for name in choices}
         for f in run_feats:
             bar.advance(task)
+            rows_of = {None: [base, run_base]} | {name: [adapt[name], run_adapt[name]] for name in choices}
+            if "collapsing" in stressed:  # the good drafter for the first half of the chunks, useless after
+                stressed["collapsing"].collapsed = done >= len(feats) // 2
+                if stressed["collapsing"].collapsed:
+                    rows_of[None].append(late_base)
+                    rows_of["collapsing"].append(late_collapsing)
+            done += 1
             # target-only first (the reference), then the adaptive rows, then every fixed (drafter, k)
-            jobs = [([base, run_base], {}, _fixed(0))]
-            jobs += [([adapt[name], run_adapt[name]], models, adaptive[name]) for name in choices]
+            jobs = [(rows_of[None], {}, _fixed(0))]
+            jobs += [(rows_of[name], models, adaptive[name]) for name in choices]
             jobs += [([run_again], {}, _fixed(0))]  # target-only again: what identical work measures
             jobs += [([fixed[(name, k)]], {"drafter": models[name]}, _fixed(k)) for name in drafters for k in ks]
             _side_by_side(jobs, engine, policy, f, Greedy(), repeats)
@@ -204,11 +227,13 @@ def bench_spec(policy: Policy | None = None, data_dir: Path | None = None, per_r
     best = {name: max(ks, key=lambda k: fixed[(name, k)].tokens_per_s()) for name in drafters}
     best[AUTO] = max(best.items(), key=lambda nk: fixed[nk].tokens_per_s())
     for name in choices:
-        row = fixed[best[name]] if name == AUTO else fixed[(name, best[name])]
-        if name != AUTO:
+        row = fixed[best[name]] if name == AUTO else fixed.get((name, best.get(name)))
+        if name not in (AUTO, *stressed):
             rows.append(row.summary(policy, offsets) | {"k": best[name]})
         rows.append(adapt[name].summary(policy, offsets) | {
-            "vs_best_fixed": round(adapt[name].tokens_per_s() / row.tokens_per_s(), 3),
+            "vs_best_fixed": round(adapt[name].tokens_per_s() / row.tokens_per_s(), 3) if row else None,
+            "probes": adaptive[name].chooser.probes - probes[name],  # a few passes each (edgeinfer.core.adaptive)
+            "drafted_per_chunk": round(adapt[name].drafted / adapt[name].chunks, 2),
             "per_run_vs_target_only": {run: r[name] for run, r in per_run_rates.items()},
             # what the adaptive row did on each run (48 = target-only's): tells speculation from timing noise
             "per_run_target_passes_per_chunk": {run: r[name] for run, r in per_run_passes.items()}})
@@ -222,12 +247,16 @@ def bench_spec(policy: Policy | None = None, data_dir: Path | None = None, per_r
     rows.append(sampled.summary(policy, offsets, exact_by="chi-square test (tests/test_sampling.py)") | {"k": k})
     for r in rows:
         r["speedup"] = round(r["tokens_per_s"] / rows[0]["tokens_per_s"], 3)
+    worst = min((r for r in rows if "per_run_vs_target_only" in r), key=lambda r: r["speedup"])
+    after = round(late_collapsing.tokens_per_s() / late_base.tokens_per_s(), 3) if late_collapsing.chunks else None
     if peer:
         rows += _peer_rows(console)
     return {"rows": rows, "adaptive_per_run": per_run_rates, "same_work_per_run": same_work,
+            "adaptive_worst": {"name": worst["name"], "speedup": worst["speedup"]},
+            "after_collapse_vs_target_only": after,
             "config": {"backend": backend, "data_dir": str(data_dir), "per_run": per_run, "ks": list(ks),
-                       "repeats": repeats,
-                       "chunks": len(feats), "drafters": list(drafters)}}
+                       "repeats": repeats, "chunks": len(feats), "drafters": list(drafters),
+                       "stress": list(stressed), "slow_drafter_ms": slow_ms}}
 
 
 def _peer_rows(console: Console) -> list[dict]:
@@ -260,8 +289,14 @@ def print_table(result: dict, console: Console | None = None) -> None:
             runs = r["per_run_vs_target_only"]
             worst = min(runs, key=runs.get)
             passes = r["per_run_target_passes_per_chunk"][worst]
-            console.print(f"{r['name']}: {r['vs_best_fixed']:.3f}x the best fixed (drafter, k); worst held-out run "
-                          f"{worst} at {runs[worst]:.2f}x target-only ({passes:.1f} target passes per chunk there)")
+            fixed = f"{r['vs_best_fixed']:.3f}x the best fixed (drafter, k); " if r["vs_best_fixed"] else ""
+            console.print(f"{r['name']}: {fixed}{r['probes']} probes; worst held-out run {worst} at "
+                          f"{runs[worst]:.2f}x target-only ({passes:.1f} target passes per chunk there)")
+    worst = result["adaptive_worst"]
+    console.print(f"worst adaptive row: {worst['name']} at {worst['speedup']:.2f}x target-only")
+    if result["after_collapse_vs_target_only"] is not None:
+        console.print(f"collapsing drafter, the chunks after the collapse: "
+                      f"{result['after_collapse_vs_target_only']:.2f}x target-only")
     same = result.get("same_work_per_run")
     if same:
         console.print(f"identical work (target-only decoded twice), the noise floor of the figures above: held-out "
@@ -282,11 +317,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=3,
                     help="time each decode this many times and keep the fastest (default 3; 1 is 3x quicker)")
     ap.add_argument("--no-peer", action="store_true", help="skip the Hugging Face assisted-generation peer")
+    ap.add_argument("--no-stress", action="store_true",
+                    help="skip the stress rows (adaptive with a slow, a useless and a collapsing drafter)")
+    ap.add_argument("--slow-drafter-ms", type=float, default=12.0,
+                    help="the slow stress drafter's extra cost per proposal, ms (default 12)")
     args = ap.parse_args(argv)
     if args.per_run < 1:
         ap.error(f"--per-run must be >= 1, got {args.per_run}")
     if args.repeats < 1:
         ap.error(f"--repeats must be >= 1, got {args.repeats}")
+    if not args.slow_drafter_ms > 0:
+        ap.error(f"--slow-drafter-ms must be > 0, got {args.slow_drafter_ms}")
     drafters = tuple(args.drafters.split(",")) if args.drafters is not None else None
     if drafters is not None and not all(drafters):
         ap.error(f"--drafters must name drafters, comma separated, got {args.drafters!r}")
@@ -298,7 +339,8 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--ks must all be >= 1, got {args.ks!r}")
     check_output(args.json)
     result = bench_spec(data_dir=args.data_dir, per_run=args.per_run, drafters=drafters, ks=ks,
-                        backend=args.backend, peer=not args.no_peer, repeats=args.repeats)
+                        backend=args.backend, peer=not args.no_peer, repeats=args.repeats, stress=not args.no_stress,
+                        slow_ms=args.slow_drafter_ms)
     print_table(result)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -1,35 +1,40 @@
-"""Adaptive speculation: which drafter, and how many drafts per target pass (k), for each chunk.
+"""Adaptive speculation: which drafter, how many drafts per target pass (k), and for how many passes, per chunk.
 
 The choice maximises the expected tokens per unit of cost, E[tokens per pass | drafter, k] / E[cost of
-the pass | drafter, k]. With drafts kept independently at rate a, E[tokens per pass] = (1 - a^(k+1)) /
-(1 - a) (Leviathan et al. 2023, arXiv 2211.17192, eq. 1). Action drafts are kept in runs (an arm's motion
-is smooth for a while, then changes), so the estimate here is the empirical one from the kept-draft runs
-of recent passes (AcceptanceModel), one per drafter.
+the pass | drafter, k], the drafter's cost per proposal included: speculation is on only when it is expected
+to take less time per token than target-only. With drafts kept independently at rate a, E[tokens per pass]
+= (1 - a^(k+1)) / (1 - a) (Leviathan et al. 2023, arXiv 2211.17192, eq. 1). Action drafts are kept in runs
+(an arm's motion is smooth for a while, then changes), so the estimate here is the empirical one from the
+kept-draft runs of recent passes (AcceptanceModel), one per drafter.
 
 Costs are relative: every measured draft or verify duration is divided by the duration of the same
 chunk's prefill (one target pass over one token, run by every chunk whatever is chosen). On a shared or
 throttled machine absolute costs drift by 2x within seconds, and a choice between a k measured in a quiet
 second and a k measured in a busy one would follow the drift, not the k; the ratio stays put.
 
-Exploration is bounded, so that speculation never costs much more than it can win:
-    - first, each drafter decodes one chunk at each k of 1, 2, 4, 8, 16 (up to k_max): a few chunks, run
-      by the runtime during its warm-up, after which every k has a measured or interpolated cost and the
-      kept-draft runs of the longest passes give E[tokens] for every k;
-    - then each chunk takes the best (drafter, k); k = 0 (speculation off) wins unless some (drafter, k) is
+    - Exploration: first, each drafter decodes one chunk at each k of 1, 2, 4, 8, 16 (up to k_max), then one
+      chunk is target-only: a few chunks, run by the runtime during its warm-up, after which every k has a
+      measured or interpolated cost and the kept-draft runs of the longest passes give E[tokens] for every k
+      (and the probes below wait probe_every chunks from its end).
+    - Then each chunk takes the best (drafter, k); k = 0 (speculation off) wins unless some (drafter, k) is
       expected to beat target-only by min_gain (default 5 %: a drafter that is only marginally faster on
-      average is slower on some runs). A drafter that has gone `probe_every` chunks without one is probed
-      (tried for a chunk at its best k >= 1; one probe per chunk, the longest-waiting drafter first), so that
-      a drafter that starts paying again is noticed. A probe costs a whole chunk at a worse choice, so each
-      probe that finds the drafter still behind doubles the wait before its next one (up to 32 x
-      probe_every, exponential backoff), and one that finds it ahead resets the wait.
-The model chooses k; realized cost decides whether a drafter may run at all. Each chunk's measured cost per
-committed token (its prefill, drafts and verifies, in units of its prefill) is kept per drafter and for
-target-only chunks (one is decoded at the end of exploration). A drafter whose last two chunks cost more per
-token than target-only's (the median of its last nine), less min_gain, is behind whatever the model expects,
-and is only probed. The acceptance model looks back 256 passes, a whole held-out run of 4 chunks, so when an
-arm's motion changes and drafts stop being kept, the realized cost is what notices within a chunk. It also
-catches what the model leaves out: the k = 0 cost is mostly measured on the last pass of a chunk, the
-longest context.
+      average is slower on some runs).
+    - Realized cost decides whether a drafter may run at all. Each drafter's last `realized_passes` (32, about
+      two chunks) speculative passes give its measured cost per committed token: their median cost (drafting
+      and verifying, in prefills; a median, so that a stalled pass is not taken for a slow drafter) over
+      their mean tokens. A drafter whose cost per token, less min_gain, is above target-only's (the k = 0 pass
+      cost) is behind whatever the model expects, and is only probed. The acceptance model looks back 256
+      passes, a whole held-out run, so when an arm's motion changes and drafts stop being kept, the realized
+      cost is what notices, within a chunk.
+    - A probe is a few passes, not a chunk: a drafter that is not running is tried for `probe_passes` (4)
+      passes at its best k >= 1 in an otherwise target-only chunk (from its middle: TickPlanner). Those
+      passes replace its realized cost (so the next chunk runs it if they paid) and feed its acceptance
+      model. What a probe cost is measured: the probe chunk's cost less its tokens at the per-token cost of
+      the choice it displaced. A drafter is probed again once `probe_every` chunks have passed and
+      probe_share (1 %) of the decode cost since its last chunk covers its last probe's cost: a cheap
+      drafter is probed every probe_every chunks, a slow one (a 12 ms proposal against a 0.2 ms target pass
+      is 60 passes) so much less often that its probes take about probe_share of the decoding time at most.
+      One probe per chunk, longest-waiting first.
 Measured costs are made non-decreasing in k (isotonic regression: a longer pass never costs less, so a dip
 is noise); unmeasured k are costed by interpolation between measured ones; past the largest, verification grows
 along the last measured slope and drafting stays flat (a model drafter drafts k tokens in one pass).
@@ -38,7 +43,7 @@ from __future__ import annotations
 
 import statistics
 from collections import defaultdict, deque
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 import numpy as np
 
@@ -111,14 +116,24 @@ def _line(ks: Sequence[int], values: Sequence[float], at: np.ndarray, grow: bool
     return out
 
 
-class SpeculationChooser:
-    """Chooses (drafter, k) per chunk; see the module docstring. Feed it every pass of the chunk through
-    record(). drafters: candidate names (empty or k_max = 0: always target-only)."""
+class Choice(NamedTuple):
+    """One chunk's speculation: drafter (None: target-only), k drafts per pass, and how many passes may
+    speculate (a probe's few; None: every pass)."""
 
-    def __init__(self, drafters: Sequence[str], k_max: int, probe_every: int = 32, window: int = 64,
-                 min_gain: float = 1.05):
+    drafter: str | None
+    k: int
+    passes: int | None = None
+
+
+class SpeculationChooser:
+    """Chooses (drafter, k, passes) per chunk; see the module docstring. Feed it every pass of the chunk through
+    record(). drafters: candidate names (empty or k_max = 0: always target-only). Costs are in prefills."""
+
+    def __init__(self, drafters: Sequence[str], k_max: int, probe_every: int = 8, window: int = 64,
+                 min_gain: float = 1.05, probe_passes: int = 4, probe_share: float = 0.01,
+                 realized_passes: int = 32):
         self.drafters, self.k_max, self.probe_every = list(drafters), k_max, probe_every
-        self.min_gain = min_gain
+        self.min_gain, self.probe_passes, self.probe_share = min_gain, probe_passes, probe_share
         self.acceptance = {d: AcceptanceModel(k_max) for d in self.drafters}
         self._ratios: dict[tuple, deque] = defaultdict(lambda: deque(maxlen=window))
         self._ks: dict[tuple, set] = defaultdict(set)  # (op, drafter) -> k measured
@@ -127,18 +142,19 @@ class SpeculationChooser:
         self._added: dict[tuple, int] = defaultdict(int)
         self._unit_ns = 0
         self._chunks = 0
-        self._last_run = dict.fromkeys(self.drafters, -1)
-        self._probe_wait = dict.fromkeys(self.drafters, probe_every)  # chunks between probes, per drafter
-        self._probed: str | None = None  # the drafter the previous chunk probed, judged at the next choice
         ks = sorted({min(k, k_max) for k in (1, 2, 4, 8, 16)}) if k_max else []
         self._explore = [(d, k) for d in self.drafters for k in ks] + [(None, 0)] * bool(ks)
-        # realized cost per committed token of the last chunks, per drafter (None: target-only), in prefills
-        # (target-only's is the same on every run, 48 passes: a median of many; a drafter's follows the run)
-        self._realized: dict[str | None, deque] = {d: deque(maxlen=2) for d in self.drafters}
-        self._realized[None] = deque(maxlen=9)
-        self._chunk_drafter: str | None = None  # the chunk in progress: its drafter, cost and tokens so far
-        self._chunk_cost = 0.0
+        # (cost, tokens committed) of each drafter's last speculative passes: its realized cost per token
+        self._realized = {d: deque(maxlen=realized_passes) for d in self.drafters}
+        self._last_run = dict.fromkeys(self.drafters, 0)  # the chunk each drafter last ran or was probed in
+        self._cost_since = dict.fromkeys(self.drafters, 0.0)  # decode cost since then
+        self._probe_cost: dict[str, float] = {}  # each drafter's last probe: its cost beyond the displaced choice
+        self._probing: str | None = None  # the chunk in progress: the drafter it probes, and what it displaced
+        self._displaced = 0.0  # ... per committed token
+        self._fresh = False  # the probe's first pass is still to come (it clears the drafter's realized cost)
+        self._chunk_cost = self._pass_cost = 0.0  # the chunk and the pass in progress, so far
         self._chunk_tokens = 0
+        self.probes = 0  # probes started, counted
 
     def clear_costs(self) -> None:
         """Forget every measured cost (after warm-up: first calls pay one-off allocation costs)."""
@@ -150,6 +166,7 @@ class SpeculationChooser:
         self._unit_ns = 0
         for r in self._realized.values():
             r.clear()
+        self._probe_cost.clear()
         self._chunk_tokens = 0
 
     def record(self, drafter: str | None, op: str, k: int, value: int) -> None:
@@ -159,13 +176,19 @@ class SpeculationChooser:
             self._chunk_cost, self._chunk_tokens = 1.0, 1  # the prefill commits the chunk's first token
         elif op == "accepted":
             self._chunk_tokens += (value + 1) * bool(self._chunk_tokens)  # the kept drafts and the target's token
-            if drafter is not None and k > 0:
+            if drafter is not None and k > 0 and self._unit_ns:
                 self.acceptance[drafter].record(k, value)
+                if self._fresh:  # a probe's passes replace what the drafter's earlier passes said
+                    self._realized[drafter].clear()
+                    self._fresh = False
+                self._realized[drafter].append((self._pass_cost, value + 1))
+            self._pass_cost = 0.0
         elif self._unit_ns and (op == "verify" or k > 0):
-            self._chunk_cost += value / self._unit_ns
+            cost = value / self._unit_ns
+            self._chunk_cost += cost
+            self._pass_cost += cost
             key = (op, drafter if op == "draft" else None, k)
-            samples = self._ratios[key]
-            samples.append(value / self._unit_ns)
+            self._ratios[key].append(cost)
             self._ks[key[:2]].add(k)
             self._added[key] += 1  # (a full window's length stays put: count the samples instead)
             if self._added[key] < 16 or self._added[key] % 8 == 0:
@@ -205,54 +228,73 @@ class SpeculationChooser:
         """E[tokens per pass] / E[cost] for k = 0..k_max, (k_max + 1,)."""
         return self.acceptance[drafter].expected_tokens() / self.pass_costs(drafter)
 
-    def _end_chunk(self) -> None:
-        """File the chunk just decoded under its drafter's realized costs (a probe's replaces the older ones)."""
-        if self._chunk_tokens:
-            realized = self._realized[self._chunk_drafter]
-            if self._chunk_drafter is not None and self._chunk_drafter == self._probed:
-                realized.clear()
-            realized.append(self._chunk_cost / self._chunk_tokens)
-        self._chunk_tokens = 0
+    def target_only_cost(self) -> float:
+        """Target-only's cost per token, in prefills: the median k = 0 pass (1.0, the prefill, until measured)."""
+        return float(self._curve("verify", None)[0])
+
+    def realized_cost(self, drafter: str) -> float | None:
+        """The drafter's measured cost per committed token over its last speculative passes, in prefills: their
+        median cost (drafting and verifying) over their mean tokens committed; None before any."""
+        passes = self._realized[drafter]
+        if not passes:
+            return None
+        costs, tokens = zip(*passes)
+        return statistics.median(costs) * len(tokens) / sum(tokens)
 
     def behind(self, drafter: str) -> bool:
-        """True when the drafter's last chunks cost more per committed token than target-only's (measured, or
-        one k = 0 pass per token when none was measured yet), less min_gain: it is not to run, only be probed."""
-        mine, off = self._realized[drafter], self._realized[None]
-        if not mine:
-            return False
-        off_cost = statistics.median(off) if off else self.pass_costs(drafter)[0]
-        return sum(mine) / len(mine) * self.min_gain > off_cost
+        """True when the drafter's last passes cost more per committed token than target-only's, less min_gain:
+        it is not to run, only be probed."""
+        mine = self.realized_cost(drafter)
+        return mine is not None and mine * self.min_gain > self.target_only_cost()
 
-    def choose(self) -> tuple[str | None, int]:
-        """(drafter, k) for the next chunk; (None, 0) is target-only."""
+    def _end_chunk(self) -> None:
+        """Add the chunk just decoded to every drafter's cost since it last ran; a probe's own cost is what the
+        chunk cost beyond its tokens at the displaced choice's cost per token."""
+        if self._chunk_tokens:
+            for d in self._cost_since:
+                self._cost_since[d] += self._chunk_cost
+            if self._probing is not None:
+                self._probe_cost[self._probing] = max(0.0, self._chunk_cost - self._chunk_tokens * self._displaced)
+        self._probing, self._fresh, self._chunk_tokens = None, False, 0
+
+    def _probe_due(self, drafter: str, k: int) -> bool:
+        """probe_every chunks since the drafter last ran, and probe_share of the decode cost since covers a
+        probe (its last one's measured cost; before any, probe_passes whole passes at k)."""
+        cost = self._probe_cost.get(drafter)
+        cost = self.probe_passes * self.pass_costs(drafter)[k] if cost is None else cost
+        return self._chunks - self._last_run[drafter] >= self.probe_every and \
+            self._cost_since[drafter] * self.probe_share >= cost
+
+    def _run(self, drafter: str | None, k: int, passes: int | None = None) -> Choice:
+        if drafter is not None:
+            self._last_run[drafter], self._cost_since[drafter] = self._chunks, 0.0
+        return Choice(drafter, k, passes)
+
+    def choose(self) -> Choice:
+        """(drafter, k, passes) for the next chunk; (None, 0, None) is target-only."""
         self._chunks += 1
         self._end_chunk()
         if not self.drafters or self.k_max == 0:
-            return None, 0
+            return Choice(None, 0)
         if self._explore:
-            d, k = self._explore.pop(0)
-            self._chunk_drafter = d
-            if d is not None:
-                self._last_run[d] = self._chunks
-            return d, k
+            choice = self._run(*self._explore.pop(0))
+            if not self._explore:  # every drafter was just measured: the probes' clocks start now
+                self._last_run = dict.fromkeys(self.drafters, self._chunks)
+                self._cost_since = dict.fromkeys(self.drafters, 0.0)
+            return choice
         scores = {d: self.tokens_per_cost(d) for d in self.drafters}
         running = [d for d in self.drafters if not self.behind(d)]
         best_d = max(running or self.drafters, key=lambda d: scores[d].max())
         best_k = int(np.argmax(scores[best_d])) if running else 0
         if scores[best_d][best_k] < self.min_gain * scores[best_d][0]:
             best_k = 0
-        if self._probed is not None:  # back off from a drafter its probe found behind, or stop backing off
-            d, self._probed = self._probed, None
-            ahead = d == best_d and best_k > 0
-            self._probe_wait[d] = self.probe_every if ahead else min(2 * self._probe_wait[d], 32 * self.probe_every)
-        due = [d for d in self.drafters if (d != best_d or best_k == 0)
-               and self._chunks - max(self._last_run[d], 0) >= self._probe_wait[d]]
-        if due:  # probe the drafter that has waited longest
-            best_d = self._probed = min(due, key=self._last_run.get)
-            best_k = 1 + int(np.argmax(scores[best_d][1:]))
-        if best_k == 0:
-            self._chunk_drafter = None
-            return None, 0
-        self._last_run[best_d] = self._chunks
-        self._chunk_drafter = best_d
-        return best_d, best_k
+        probe_k = {d: 1 + int(np.argmax(scores[d][1:])) for d in self.drafters}
+        due = [d for d in self.drafters if (d != best_d or best_k == 0) and self._probe_due(d, probe_k[d])]
+        if due:  # probe the drafter that has waited longest, for a few passes of an otherwise target-only chunk
+            d = self._probing = min(due, key=self._last_run.get)
+            off = self.target_only_cost()
+            self._displaced = (self.realized_cost(best_d) or off) if best_k else off
+            self._fresh = True
+            self.probes += 1
+            return self._run(d, probe_k[d], self.probe_passes)
+        return self._run(best_d, best_k) if best_k else Choice(None, 0)

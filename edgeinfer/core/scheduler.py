@@ -2,9 +2,9 @@
 may verify, and whether another pass fits the tick's budget at all.
 
 Each chunk first chooses its drafter and speculation length k (SchedulerConfig.adaptive: for the most
-expected tokens per second, edgeinfer.core.adaptive; otherwise the first drafter at k_max). Then, before every
-pass, the deadline check lowers k, or stops decoding, when the high-quantile cost of the pass does not fit
-what is left of the budget.
+expected tokens per second, edgeinfer.core.adaptive; otherwise the first drafter at k_max), and how many of
+its passes may speculate (a probe's few; otherwise all). Then, before every pass, the deadline check lowers
+k, or stops decoding, when the high-quantile cost of the pass does not fit what is left of the budget.
 
 Costs for the deadline are online estimates of a high quantile (default p99, not the mean: a plan built on
 means misses its deadline about half the time the estimate is tight) over a rolling window of measured
@@ -32,7 +32,9 @@ class SchedulerConfig:
     window: int = 256  # cost samples kept per operation (the rolling window of the quantile)
     margin_ms: float = 0.5  # kept free at the end of the budget for encoding and publishing the chunk
     adaptive: bool = True  # choose k per chunk for tokens/s (k_max is then the most it may choose)
-    probe_every: int = 32  # adaptive: chunks between probes of k = 1 while speculation is off
+    probe_every: int = 8  # adaptive: the fewest chunks between two probes of a drafter that is not running
+    probe_passes: int = 4  # adaptive: speculative passes in a probe (the rest of its chunk is target-only)
+    probe_share: float = 0.01  # adaptive: the most of the decode time a drafter's probes may cost, fraction
 
     def __post_init__(self):
         if not 0 < self.budget_ms <= 10_000:
@@ -45,6 +47,10 @@ class SchedulerConfig:
             raise ValueError(f"SchedulerConfig.k_max must be in 0..64, got {self.k_max}")
         if self.probe_every < 1:
             raise ValueError(f"SchedulerConfig.probe_every must be >= 1, got {self.probe_every}")
+        if not 1 <= self.probe_passes <= 64:
+            raise ValueError(f"SchedulerConfig.probe_passes must be in 1..64, got {self.probe_passes}")
+        if not 0 < self.probe_share <= 1:
+            raise ValueError(f"SchedulerConfig.probe_share must be in (0, 1], got {self.probe_share}")
         if not 0.5 <= self.quantile < 1:
             raise ValueError(f"SchedulerConfig.quantile must be in [0.5, 1), got {self.quantile}")
 
@@ -105,24 +111,29 @@ class TickPlanner:
     """Plans the passes of one chunk against an absolute deadline on the monotonic clock.
 
     Per chunk: choose() -> the drafter to use (None: target-only), then start(t) or unlimited(), then the
-    decoder asks plan() before every pass and reports every pass through record(op, k, value): op "prefill"
-    | "draft" | "verify" with a duration in ns, or "accepted" with the number of drafts the pass kept.
+    decoder asks plan() before every pass and reports every pass through record(op, k, value): op "prefill" |
+    "draft" | "verify" with a duration in ns, or "accepted" with the number of drafts the pass kept. A chunk
+    whose speculative passes are counted (a probe's few) speculates from its middle, as a drafter's first
+    passes are not typical of it (it drafts from the observation alone, or pays its own prefill), and is
+    target-only once they are spent.
     drafters: candidate drafter names, in order of preference when adaptive is off."""
 
     def __init__(self, cfg: SchedulerConfig, drafters: Sequence[str] = ("drafter",),
                  latency: LatencyModel | None = None):
         self.cfg = cfg
         self.latency = latency or LatencyModel(cfg.quantile, cfg.window)
-        self.chooser = SpeculationChooser(drafters, cfg.k_max, cfg.probe_every)
+        self.chooser = SpeculationChooser(drafters, cfg.k_max, cfg.probe_every, probe_passes=cfg.probe_passes,
+                                          probe_share=cfg.probe_share)
         self.deadline_ns = None
         self.drafter: str | None = drafters[0] if drafters and cfg.k_max else None
         self._chunk_k = cfg.k_max if self.drafter else 0
+        self._passes_left: int | None = None  # speculative passes this chunk may still run (None: every pass)
 
     def choose(self) -> str | None:
         """Choose this chunk's drafter and k (adaptive), or keep the configured ones; returns the drafter's name,
         None for a target-only chunk."""
         if self.cfg.adaptive:
-            self.drafter, self._chunk_k = self.chooser.choose()
+            self.drafter, self._chunk_k, self._passes_left = self.chooser.choose()
         return self.drafter
 
     def start(self, t_start_ns: int | None = None) -> None:
@@ -140,7 +151,9 @@ class TickPlanner:
             # The prefill always runs while any budget is left: without it nothing is verified, and an op
             # that is never run again could never correct a pessimistic estimate.
             return 0 if left is None or left > 0 else None
-        for k in range(min(self._chunk_k, remaining - 1), -1, -1):
+        speculate = self._passes_left is None or (self._passes_left > 0 and 2 * committed >= committed + remaining)
+        k_chunk = self._chunk_k if speculate else 0
+        for k in range(min(k_chunk, remaining - 1), -1, -1):
             if left is None or self.latency.estimate_ns(f"draft:{self.drafter}", k) + \
                     self.latency.estimate_ns("verify", k) <= left:
                 return k
@@ -153,5 +166,7 @@ class TickPlanner:
 
     def record(self, op: str, k: int, value: int) -> None:
         self.chooser.record(self.drafter, op, k, value)
+        if op == "accepted" and k > 0 and self._passes_left:
+            self._passes_left -= 1
         if op != "accepted":
             self.latency.record(f"draft:{self.drafter}" if op == "draft" else op, k, value)
