@@ -6,6 +6,7 @@ import pytest
 
 from edgeinfer.bench.floors import minimal_decode, minimal_encode, raw_pubsub_round_trip_ns, raw_zmq_round_trip_ns
 from edgeinfer.bench.transport import main, payload_bytes, run
+from edgeinfer.node.source import ARRIVALS
 
 
 def test_raw_floors_echo_every_message():
@@ -35,19 +36,25 @@ def test_raw_floor_arguments_are_checked():
 
 
 def test_run_gives_one_consistent_row_per_scenario():
-    rows = run(n=30, n_idle=10, idle_gap_ms=2.0)
-    assert [r["scenario"] for r in rows] == ["back to back", "idle 2 ms"]
+    rows = run(n=30, n_idle=10, idle_gap_ms=2.0, n_periodic=30)
+    assert [r["scenario"] for r in rows] == ["back to back", "periodic 250 Hz", "idle 2 ms"]
     for r in rows:
         assert r["ratio_p50"] == pytest.approx(r["edgeinfer_p50_us"] / r["raw_zmq_p50_us"])
         assert r["ratio_p99"] == pytest.approx(r["edgeinfer_p99_us"] / r["raw_zmq_p99_us"])
+        assert r["vs_back_to_back_p50"] == pytest.approx(r["edgeinfer_p50_us"] / rows[0]["edgeinfer_p50_us"])
         assert 0 <= r["edgeinfer_lost"] <= 5  # a chunk not back within 2 s is counted, not fatal
         for side in ("edgeinfer", "raw_zmq", "raw_pubsub", "minimal_codec"):
             assert 0 < r[f"{side}_p50_us"] <= r[f"{side}_p99_us"]
+        assert set(r["runtime_arrivals"]) <= set(ARRIVALS)  # the runtime's obs_arrival counters over the row
+    # the periodic stream (a new Start: served from its seq 0), 50 warm-up round trips and 30 timed, every one
+    # decoded unless a host stall let a newer one supersede it
+    assert 30 <= sum(rows[1]["runtime_arrivals"].values()) <= 80
     assert payload_bytes() > 144
 
 
 def test_bad_arguments_are_refused_by_name(capsys, tmp_path):
-    for argv in (["--n", "3"], ["--idle-gap-ms", "nan"], ["--idle-gap-ms", "inf"]):
+    for argv in (["--n", "3"], ["--idle-gap-ms", "nan"], ["--idle-gap-ms", "inf"], ["--n-periodic", "9"],
+                 ["--rate-hz", "0"], ["--rate-hz", "nan"]):
         with pytest.raises(SystemExit):
             main(argv)
         assert "--n >= 10" in capsys.readouterr().err

@@ -13,12 +13,17 @@ Both sides run in one invocation, interleaved per scenario, on loopback TCP betw
   messages pays. Between the floor and the pattern floor lies the pattern; between the pattern and the codec
   floors, touching the messages in Python at all; above the codec floor, edgeinfer's own code.
 
-Scenarios: back to back, and with an idle gap before each message (a sleeping receiver must wake up).
+Scenarios: back to back; periodic (--rate-hz, 250: a robot's stream, each observation sent at its due time after a
+new Start; the runtime knows the period and is awake, spinning, when the next one is due: within 1.2x of back to
+back at p50 is the bar); and with an idle gap before each message (no stream: the sleeping runtime must wake up,
+and that wake-up cost is reported, not spun away). The floors of the periodic row sleep one period between round
+trips: what a receiver that sleeps pays.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import tempfile
 import time
@@ -30,7 +35,8 @@ import zmq
 from edgeinfer.bench.floors import raw_pubsub_round_trip_ns, raw_zmq_round_trip_ns
 from edgeinfer.bench.report import check_output
 from edgeinfer.core import transport
-from edgeinfer.core.wire import ActionChunk, Observation, Start, Stop, encode
+from edgeinfer.core.clock import sleep_until
+from edgeinfer.core.wire import ActionChunk, Observation, Start, Stats, Stop, encode
 from edgeinfer.node.runtime import RuntimeConfig
 from edgeinfer.procs.nodes import NodeGroup
 from edgeinfer.procs.spec import NodeSpec
@@ -38,9 +44,9 @@ from edgeinfer.procs.spec import NodeSpec
 D = 6  # joints, as the Schunk arm
 
 
-def _observation(seq: int) -> Observation:
+def _observation(seq: int, t_ns: int | None = None) -> Observation:
     q = np.linspace(-1.0, 1.0, D)
-    return Observation(seq, time.perf_counter_ns(), q, np.zeros(D), q)
+    return Observation(seq, time.perf_counter_ns() if t_ns is None else t_ns, q, np.zeros(D), q)
 
 
 def payload_bytes() -> int:
@@ -76,27 +82,43 @@ class NullRuntimeNode:
             ready.close()
         transport.send(self.pub, Start(time.perf_counter_ns(), 4_000_000, 2**40))
         self.seq = 0
+        self.stats: Stats | None = None  # the runtime's newest Stats
 
-    def round_trip_ns(self, n: int, idle_gap_ms: float = 0.0, warmup: int = 50, wait_s: float = 2.0
-                      ) -> tuple[np.ndarray, int]:
+    def round_trip_ns(self, n: int, idle_gap_ms: float = 0.0, warmup: int = 50, wait_s: float = 2.0,
+                      period_ns: int | None = None) -> tuple[np.ndarray, int]:
         """((n,) int64 ns from publishing an Observation to decoding its ActionChunk, lost): an observation whose
-        chunk has not come within wait_s is counted lost, not timed, and the next one is sent. Raises
-        TimeoutError, with the runtime log's last lines, when more than max(5, 1 %) are lost."""
+        chunk has not come within wait_s is counted lost, not timed, and the next one is sent. period_ns: a
+        fixed-rate stream instead, as a robot sends one: a new Start (the runtime serves the new stream from its
+        seq 0 and learns the period), then observation k stamped with its due time t0 + k * period_ns and sent at
+        it (a due time already past is skipped: no burst). Raises TimeoutError, with the runtime log's last
+        lines, when more than max(5, 1 %) are lost."""
         out, lost, i = np.empty(n, dtype=np.int64), 0, -warmup
+        if period_ns is not None:
+            t0_ns = time.perf_counter_ns() + 20_000_000
+            transport.send(self.pub, Start(t0_ns, period_ns, 2**40))
+            self.seq = -1
         while i < n:
-            # Between observations the runtime's Heartbeats and Stats keep arriving on the chunk SUB; a control
-            # loop reads them as they come, so they are read here too, before the clock starts.
-            gap_end_ns = time.perf_counter_ns() + (int(idle_gap_ms * 1e6) if i >= 0 else 0)
-            while (left_ns := gap_end_ns - time.perf_counter_ns()) > 0:
-                self.chunks.recv(max(1, left_ns // 1_000_000))
-            self.chunks.drain()
-            self.seq += 1
-            obs = _observation(self.seq)
+            if period_ns is None:
+                # Between observations the runtime's Heartbeats and Stats keep arriving on the chunk SUB; a control
+                # loop reads them as they come, so they are read here too, before the clock starts.
+                gap_end_ns = time.perf_counter_ns() + (int(idle_gap_ms * 1e6) if i >= 0 else 0)
+                while (left_ns := gap_end_ns - time.perf_counter_ns()) > 0:
+                    self._take(self.chunks.recv(max(1, left_ns // 1_000_000)))
+                self.seq, t_obs_ns = self.seq + 1, None
+            else:
+                self.seq = max(self.seq + 1, math.ceil((time.perf_counter_ns() - t0_ns) / period_ns))
+                t_obs_ns = t0_ns + self.seq * period_ns
+                sleep_until(t_obs_ns - 100_000)  # Heartbeats and Stats are read just before the due time
+            for msg in self.chunks.drain():
+                self._take(msg)
+            if t_obs_ns is not None:
+                sleep_until(t_obs_ns, spin_ns=100_000)
+            obs = _observation(self.seq, t_obs_ns)
             t = time.perf_counter_ns()
             transport.send(self.pub, obs)
             deadline_ns = t + int(wait_s * 1e9)
             while (left_ns := deadline_ns - time.perf_counter_ns()) > 0:  # Heartbeats and Stats: skipped
-                msg = self.chunks.recv(max(1, left_ns // 1_000_000))
+                msg = self._take(self.chunks.recv(max(1, left_ns // 1_000_000)))
                 if isinstance(msg, ActionChunk) and msg.obs_seq == self.seq:
                     break
             else:
@@ -109,6 +131,20 @@ class NullRuntimeNode:
                 out[i] = time.perf_counter_ns() - t
             i += 1
         return out, lost
+
+    def _take(self, msg):
+        """Keep the runtime's newest Stats; return msg."""
+        if isinstance(msg, Stats):
+            self.stats = msg
+        return msg
+
+    def runtime_counters(self, timeout_s: float = 2.0) -> dict[str, int]:
+        """The runtime's counters from its next Stats (every runtime_stats_ms: 200 ms); {} when none came."""
+        seen = self.stats.seq if self.stats is not None else -1
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and (self.stats is None or self.stats.seq == seen):
+            self._take(self.chunks.recv(50))
+        return dict(self.stats.counters) if self.stats is not None and self.stats.seq != seen else {}
 
     def log_tail(self, chars: int = 2000) -> str:
         """The end of the runtime's log (its output goes to a file, for this)."""
@@ -139,18 +175,38 @@ def _row(name: str, ours: np.ndarray, floor: np.ndarray, pattern: np.ndarray, co
             "ratio_p50": p(ours, 50) / p(floor, 50), "ratio_p99": p(ours, 99) / p(floor, 99)}
 
 
-def run(n: int = 2000, n_idle: int = 100, idle_gap_ms: float = 100.0, log_path: Path | None = None) -> list[dict]:
-    """Both scenarios, edgeinfer and the floor side by side. Returns one dict per scenario."""
+def _arrivals(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
+    """The runtime's obs_arrival.<kind> counts between two snapshots of its counters, by kind."""
+    return {k.split(".", 1)[1]: v - before.get(k, 0) for k, v in after.items() if k.startswith("obs_arrival.")}
+
+
+def run(n: int = 2000, n_idle: int = 100, idle_gap_ms: float = 100.0, log_path: Path | None = None,
+        n_periodic: int = 1000, rate_hz: float = 250.0, obs_spin_us: float | None = None) -> list[dict]:
+    """The three scenarios, edgeinfer and the floors side by side. Returns one dict per scenario; vs_back_to_back_p50
+    is its edgeinfer p50 over the back-to-back one, runtime_arrivals the runtime's obs_arrival counters over it
+    (edgeinfer/node/source.py: on_time = caught while spinning). obs_spin_us: the runtime's (None: its default;
+    0: it sleeps until each observation comes)."""
     size = payload_bytes()
     frames = [bytes(f) for f in encode(_observation(0))]
+    period_ns = round(1e9 / rate_hz)
+    scenarios = (("back to back", n, 0.0, None), (f"periodic {rate_hz:g} Hz", n_periodic, period_ns / 1e6, period_ns),
+                 (f"idle {idle_gap_ms:g} ms", n_idle, idle_gap_ms, None))
     rows = []
-    with NullRuntimeNode(log_path) as node:
-        for name, count, gap in (("back to back", n, 0.0), (f"idle {idle_gap_ms:g} ms", n_idle, idle_gap_ms)):
-            ours, lost = node.round_trip_ns(count, gap)
+    spin = {} if obs_spin_us is None else {"obs_spin_us": obs_spin_us}
+    with NullRuntimeNode(log_path, **spin) as node:
+        before = node.runtime_counters()
+        for name, count, gap, period in scenarios:
+            ours, lost = node.round_trip_ns(count, 0.0 if period else gap, period_ns=period)
+            after = node.runtime_counters()
             floor = raw_zmq_round_trip_ns(size, count, gap)
             pattern = raw_pubsub_round_trip_ns(frames, count, gap)
             codec = raw_pubsub_round_trip_ns(frames, count, gap, codec=True)
-            rows.append(_row(name, ours, floor, pattern, codec) | {"edgeinfer_lost": lost})
+            arrivals = _arrivals(before, after)
+            rows.append(_row(name, ours, floor, pattern, codec) | {"edgeinfer_lost": lost,
+                                                                   "runtime_arrivals": arrivals})
+            before = after
+    for r in rows:
+        r["vs_back_to_back_p50"] = r["edgeinfer_p50_us"] / rows[0]["edgeinfer_p50_us"]
     return rows
 
 
@@ -160,12 +216,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--n", type=int, default=2000, help="round trips back to back (default 2000)")
     ap.add_argument("--n-idle", type=int, default=100, help="round trips with an idle gap (default 100)")
     ap.add_argument("--idle-gap-ms", type=float, default=100.0, help="the idle gap (default 100 ms)")
+    ap.add_argument("--n-periodic", type=int, default=1000, help="round trips of the periodic stream (default 1000)")
+    ap.add_argument("--rate-hz", type=float, default=250.0, help="rate of the periodic stream (default 250 Hz)")
+    ap.add_argument("--obs-spin-us", type=float, default=None,
+                    help="the runtime's spin window around a due observation (default: RuntimeConfig's; 0: off)")
     ap.add_argument("--json", type=Path, default=None, help="also write the rows here")
     args = ap.parse_args(argv)
-    if args.n < 10 or args.n_idle < 10 or not 0 < args.idle_gap_ms <= 10_000:
-        ap.error("need --n >= 10, --n-idle >= 10, 0 < --idle-gap-ms <= 10000")
+    if (args.n < 10 or args.n_idle < 10 or args.n_periodic < 10 or not 0 < args.idle_gap_ms <= 10_000
+            or not 1 <= args.rate_hz <= 2000):
+        ap.error("need --n >= 10, --n-idle >= 10, --n-periodic >= 10, 0 < --idle-gap-ms <= 10000, "
+                 "1 <= --rate-hz <= 2000")
     check_output(args.json)
-    rows = run(args.n, args.n_idle, args.idle_gap_ms)
+    rows = run(args.n, args.n_idle, args.idle_gap_ms, n_periodic=args.n_periodic, rate_hz=args.rate_hz,
+               obs_spin_us=args.obs_spin_us)
     print(f"observation -> chunk round trip, {payload_bytes()} B payload, loopback TCP, two processes (us)")
     print(f"{'scenario':<16} {'n':>6} {'edgeinfer p50':>14} {'p99':>8} {'raw REQ/REP p50':>16} {'p99':>8} "
           f"{'x p50':>6} {'x p99':>6} {'raw PUB/SUB p50':>16} {'p99':>8} {'+ min. codec p50':>17} {'p99':>8}")
@@ -174,6 +237,13 @@ def main(argv: list[str] | None = None) -> int:
               f"{r['raw_zmq_p50_us']:>16.1f} {r['raw_zmq_p99_us']:>8.1f} {r['ratio_p50']:>6.2f} {r['ratio_p99']:>6.2f} "
               f"{r['raw_pubsub_p50_us']:>16.1f} {r['raw_pubsub_p99_us']:>8.1f} "
               f"{r['minimal_codec_p50_us']:>17.1f} {r['minimal_codec_p99_us']:>8.1f}")
+    b2b, periodic, idle = rows
+    print(f"{periodic['scenario']}: p50 {periodic['vs_back_to_back_p50']:.2f}x back to back (bar: 1.2x); the "
+          f"runtime caught {periodic['runtime_arrivals'].get('on_time', 0)} of {periodic['n']} while spinning "
+          f"(obs_arrival: {periodic['runtime_arrivals']})")
+    print(f"{idle['scenario']}: wake-up cost {idle['edgeinfer_p50_us'] - b2b['edgeinfer_p50_us']:+.1f} us at p50 over "
+          f"back to back (raw REQ/REP: {idle['raw_zmq_p50_us'] - b2b['raw_zmq_p50_us']:+.1f} us); no core is spun "
+          "for a stream that is not there")
     if lost := sum(r["edgeinfer_lost"] for r in rows):
         print(f"{lost} observation(s) got no chunk within 2 s: counted lost, not timed (edgeinfer_lost)")
     if args.json:

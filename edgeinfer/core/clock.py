@@ -7,19 +7,35 @@ from __future__ import annotations
 
 import os
 import time
+from typing import Callable
 
 now_ns = time.perf_counter_ns
 
 
 def sleep_until(deadline_ns: int, spin_ns: int = 200_000) -> int:
     """Sleep until `spin_ns` before the deadline, then spin to it. Returns the lateness in ns (>= 0)."""
-    remaining = deadline_ns - now_ns()
-    if remaining > spin_ns:
-        # the OS wake-up is coarse (~60-100 us); sleeping into the spin window absorbs it
-        time.sleep((remaining - spin_ns) / 1e9)
-    while now_ns() < deadline_ns:
-        pass
+    wait_until(deadline_ns, spin_ns)
     return now_ns() - deadline_ns
+
+
+def wait_until(deadline_ns: int, spin_ns: int, ready: Callable[[int], bool] | None = None) -> bool:
+    """Sleep-then-spin to `deadline_ns` (monotonic ns), or until `ready` says an awaited event has come.
+
+    Until spin_ns before the deadline the caller sleeps: in ready(timeout_ns), which blocks at most timeout_ns and
+    says whether the event came (a socket's select), or in time.sleep when there is no event to await (ready
+    None). Then it spins to the deadline, asking ready(0). The OS wake-up is coarse (~60-100 us, ms on a loaded
+    VM) and costlier after a long sleep; waking into the spin window absorbs it. Returns True as soon as ready()
+    does, False at the deadline.
+    """
+    while (remaining := deadline_ns - now_ns()) > spin_ns:
+        if ready is None:
+            time.sleep((remaining - spin_ns) / 1e9)
+        elif ready(remaining - spin_ns):
+            return True
+    while now_ns() < deadline_ns:
+        if ready is not None and ready(0):
+            return True
+    return False
 
 
 class Ticker:
@@ -52,6 +68,32 @@ class Ticker:
         self.max_lateness_ns = max(self.max_lateness_ns, lateness)
         self.next_tick = n + 1
         return n
+
+
+class SpinTail:
+    """How long before a deadline to stop sleeping and spin, sized from how late sleeps end (the replayer before
+    each send, the runtime node before each observation due).
+
+    A sleep (select, time.sleep) ends late by the OS wake-up latency: tens of us on a quiet machine, up to ms
+    on a loaded VM whose kernel does not preempt (PREEMPT_NONE) even for a SCHED_FIFO waker. A fixed 200 us
+    tail then lets every late wake-up become a late send (or a late receive). The tail tracks a decaying maximum
+    of the measured wake-up lateness (x1.25 + 50 us), between min_ns and max_ns (default: an eighth of a period,
+    at most 500 us), so it costs CPU only while the machine is noisy; the cap keeps the real-time share of the
+    CPU low: when real-time tasks take more than 95 % of a CPU, the kernel runs the starved normal tasks for
+    50 ms (RT throttling, the fair server since Linux 6.12), and every real-time task there stalls.
+    """
+
+    def __init__(self, period_ns: int, min_ns: int = 200_000, max_ns: int | None = None, decay: float = 0.995):
+        self.min_ns = min_ns
+        self.max_ns = max(min_ns, max_ns if max_ns is not None else min(period_ns // 8, 500_000))
+        self.decay = decay
+        self.recent_ns = 0.0
+        self.spin_ns = min_ns
+
+    def woke(self, late_ns: int) -> None:
+        """Record one sleep that ended late_ns after it was meant to (negative: early)."""
+        self.recent_ns = max(float(late_ns), self.recent_ns * self.decay)
+        self.spin_ns = int(min(self.max_ns, max(self.min_ns, 1.25 * self.recent_ns + 50_000)))
 
 
 def try_realtime(priority: int) -> str | None:

@@ -9,12 +9,14 @@ from edgeinfer.core import transport
 from edgeinfer.core.clock import now_ns
 from edgeinfer.core.lifecycle import ParentWatch
 from edgeinfer.core.liveliness import Lease
-from edgeinfer.core.wire import Heartbeat, Hello, Start, Stop
+from edgeinfer.core.wire import Heartbeat, Hello, Message, Start, Stop
 
 
 def await_start(runtime, obs_rx, out, ready, timeout_s: float, parent: ParentWatch,
-                stopped: Callable[[], bool] = lambda: False) -> tuple[Start | None, bool]:
-    """Warm up, then publish Hellos on the chunk PUB (for its subscribers) until Start arrives.
+                stopped: Callable[[], bool] = lambda: False,
+                heard: Callable[[Message], None] = lambda msg: None) -> tuple[Start | None, bool]:
+    """Warm up, then publish Hellos on the chunk PUB (for its subscribers) until Start arrives; heard(msg) gets each
+    message of the source (its timestamps: edgeinfer/node/source.py).
 
     Returns (start, mid_run). A runtime (re)started after the run began never sees the Start: the
     replayer's Heartbeat carries the same schedule, and mid_run is then True. (None, False) when a Stop
@@ -28,6 +30,8 @@ def await_start(runtime, obs_rx, out, ready, timeout_s: float, parent: ParentWat
         out.send(Hello("runtime", i, now_ns()))
         i += 1
         msg = obs_rx.recv(transport.HELLO_PERIOD_MS)
+        if msg is not None:
+            heard(msg)
         if isinstance(msg, Hello) and not announced:
             announced = transport.announce_ready(ready, "runtime")
         elif isinstance(msg, Start):
@@ -42,17 +46,22 @@ def await_start(runtime, obs_rx, out, ready, timeout_s: float, parent: ParentWat
 
 
 def await_control(status_rx, obs_rx, control: Lease, timeout_s: float, parent: ParentWatch,
-                  stopped: Callable[[], bool] = lambda: False) -> bool:
+                  stopped: Callable[[], bool] = lambda: False, heard: Callable[[Message], None] = lambda msg: None
+                  ) -> bool:
     """Re-handshake of a runtime that joined mid-run: until the control loop's Heartbeat names this process as
     the runtime it hears (so its chunk SUB is subscribed here and no chunk is lost to the slow joiner).
-    Observations meanwhile are stale and dropped. Gives up with a warning after timeout_s (True). False
-    when a Stop arrives or stopped() (SIGTERM) turns true first: the run ended before this runtime served."""
+    Observations meanwhile are stale and dropped (heard(msg) gets each). Gives up with a warning after timeout_s
+    (True). False when a Stop arrives or stopped() (SIGTERM) turns true first: the run ended before this runtime
+    served."""
     deadline = now_ns() + int(timeout_s * 1e9)
     me = os.getpid()
     while now_ns() < deadline:
         parent.check()
         msg = status_rx.recv(transport.HELLO_PERIOD_MS)
-        if stopped() or any(isinstance(m, Stop) for m in obs_rx.drain()):
+        drained = obs_rx.drain()
+        for m in drained:
+            heard(m)
+        if stopped() or any(isinstance(m, Stop) for m in drained):
             return False
         if isinstance(msg, Heartbeat):
             control.beat(msg, now_ns())

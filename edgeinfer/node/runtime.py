@@ -65,6 +65,9 @@ class RuntimeConfig:
     # Observations older than this when they arrive are dropped and counted (obs_stale), ms; None: off (another
     # host's clock).
     max_obs_age_ms: float | None = 50.0
+    # Sleep until this long before the next observation to decode is due, then spin until this long after it, us: it
+    # arrives to a loop already awake (no wake-up cost); 0: sleep until it arrives. No spin when no stream is due.
+    obs_spin_us: float = 300.0
     runtime_heartbeat_ms: float = 2.0  # Heartbeat period on the chunk PUB, ms
     # The liveliness lease, ms: the control loop deems the runtime dead after this long unheard. A killed process
     # closes its sockets only after the kernel has torn down its memory (tens of ms for torch), so the lease is
@@ -91,6 +94,8 @@ class RuntimeConfig:
             raise ValueError(f"RuntimeConfig.replan_every_ticks must be >= 1, got {self.replan_every_ticks}")
         if self.max_obs_age_ms is not None and not self.max_obs_age_ms > 0:
             raise ValueError(f"RuntimeConfig.max_obs_age_ms must be > 0 (or None), got {self.max_obs_age_ms}")
+        if not 0 <= self.obs_spin_us <= 10_000:
+            raise ValueError(f"RuntimeConfig.obs_spin_us must be in [0, 10000], got {self.obs_spin_us}")
         if not 0 < self.runtime_heartbeat_ms < self.runtime_lease_ms:
             raise ValueError(f"RuntimeConfig: need 0 < runtime_heartbeat_ms < runtime_lease_ms, got "
                              f"{self.runtime_heartbeat_ms}, {self.runtime_lease_ms}")

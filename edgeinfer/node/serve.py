@@ -2,29 +2,36 @@
 
     open()       the policy (warmed up in the handshake), the sockets, the echo; liveliness and telemetry start
     handshake()  Hellos until the Start (restarted mid-run: the replayer's schedule, then the control loop's ack)
-    step()       receive -> the newest observation -> plan (due? stale? the budget's start) -> decode -> publish
+    step()       wait for the next observation -> receive -> the newest observation -> plan (due? stale? the
+                 budget's start) -> decode -> publish
     finish()     the final Stats out; close() the sockets
 
 Beside the loop, not in it: RuntimeLiveliness (edgeinfer/node/liveliness.py: the Heartbeat thread, the control
 loop's lease, the parent watch) and NodeTelemetry (edgeinfer/node/telemetry.py: counters, ErrorEvents, Stats).
+The observation source's sessions (restarts), clock (an offset) and schedule (when the next observation is due) are
+edgeinfer/node/source.py.
 """
 from __future__ import annotations
 
+import os
+import select
 import signal
 import threading
+from typing import Callable
 
 import numpy as np
 import zmq
 
 from edgeinfer.core import transport
-from edgeinfer.core.clock import now_ns, pin_to_cpus
+from edgeinfer.core.clock import now_ns, pin_to_cpus, wait_until
 from edgeinfer.core.lifecycle import ParentWatch
-from edgeinfer.core.wire import ActionChunk, Observation, Stop
+from edgeinfer.core.wire import ActionChunk, Hello, Message, Observation, Start, Stop
 from edgeinfer.node import faults
 from edgeinfer.node.echo import start_echo
 from edgeinfer.node.handshake import await_control, await_start
 from edgeinfer.node.liveliness import RuntimeLiveliness
 from edgeinfer.node.runtime import PolicyRuntime, RuntimeConfig, make_runtime
+from edgeinfer.node.source import DueWindow, ObservationSource
 from edgeinfer.node.telemetry import NodeTelemetry
 
 
@@ -33,11 +40,13 @@ def serve(cfg: RuntimeConfig, endpoints: transport.Endpoints, handshake_timeout_
 
     Publishes on the chunk PUB: ActionChunks, and from a beacon thread its Heartbeat every
     runtime_heartbeat_ms and Stats every runtime_stats_ms; ErrorEvents (rate-limited) for malformed input
-    and non-finite policy output. An observation older than max_obs_age_ms on arrival is dropped
-    (counter obs_stale); a chunk with a non-finite action is never published: a `continue` chunk (the
-    anchor only, so the control loop keeps its previous chunk or holds) goes out instead (counter
-    error.nonfinite_action). Started mid-run (a restart), it learns the schedule from the replayer's
-    Heartbeat and waits for the control loop to acknowledge it before serving (re-handshake).
+    and non-finite policy output, and once for an observation clock offset from this host's (error.clock_offset,
+    edgeinfer/node/source.py). An observation older than max_obs_age_ms on arrival is dropped (counter obs_stale);
+    a chunk with a non-finite action is never published: a `continue` chunk (the anchor only, so the control loop
+    keeps its previous chunk or holds) goes out instead (counter error.nonfinite_action). A restarted observation
+    source (a new Start, or its seq from 0 again) is served from its first observation (source_restarts); it may
+    handshake again (its Hellos are answered). Started mid-run (a restart), it learns the schedule from the
+    replayer's Heartbeat and waits for the control loop to acknowledge it before serving (re-handshake).
     """
     with RuntimeNode(cfg, endpoints) as node:
         stop = threading.Event()
@@ -55,7 +64,9 @@ class RuntimeNode:
     def __init__(self, cfg: RuntimeConfig, endpoints: transport.Endpoints):
         self.cfg, self.endpoints = cfg, endpoints
         self.ctx = self.auth = self.liveliness = self._stop_echo = None
-        self._next_seq, self._last_msg_ns = 0, 0
+        self._last_msg_ns = 0
+        self._serving = False  # the handshake is over (every peer hears the chunk PUB)
+        self.source = ObservationSource()
         self._budget_ns = int(cfg.scheduler.budget_ms * 1e6)
         self._max_age_ns = int(cfg.max_obs_age_ms * 1e6) if cfg.max_obs_age_ms is not None else None
 
@@ -73,7 +84,9 @@ class RuntimeNode:
             self.out = transport.LockedSender(transport.pub(self.ctx, ep.chunks, bind=True, curve=keys))
             self.telemetry = NodeTelemetry("runtime", cfg.runtime_stats_ms, self.out, self._counters)
             on_error = self.telemetry.wire_error
-            self.obs_rx = transport.Receiver(transport.sub(self.ctx, ep.obs, curve=keys), on_error=on_error)
+            self.obs_rx = transport.Receiver(transport.sub(self.ctx, ep.obs, hwm=transport.LATEST_HWM, curve=keys),
+                                             on_error=on_error, latest=Observation)
+            self._obs_ready = _readable(self.obs_rx.sock, self._woke)
             status_rx = (transport.Receiver(transport.sub(self.ctx, ep.status, curve=keys), on_error=on_error)
                          if ep.status else None)
             self.ready = transport.push(self.ctx, ep.ready, curve=keys)
@@ -90,18 +103,19 @@ class RuntimeNode:
         came first: the run ended before this runtime served. Raises TimeoutError, or RuntimeError when the
         parent process is gone."""
         live = self.liveliness
-        start, mid_run = await_start(self.runtime, self.obs_rx, self.out, self.ready, timeout_s, live.parent, stopped)
+        heard = lambda msg: self._heard(msg, now_ns())  # noqa: E731  (the source's clock, from the handshake on)
+        start, mid_run = await_start(self.runtime, self.obs_rx, self.out, self.ready, timeout_s, live.parent, stopped,
+                                     heard)
         if start is None:
             print("runtime: stopped before start", flush=True)
             return False
         if self.cfg.faults.active:  # after the warm-up: the engine slows down (or diverges) mid-run, not before
             self.runtime = faults.inject(self.runtime, self.cfg.faults)
-        live.schedule(start)
+        self._begin(start)
         if mid_run and live.status_rx is not None and not await_control(live.status_rx, self.obs_rx, live.control,
-                                                                        timeout_s, live.parent, stopped):
+                                                                        timeout_s, live.parent, stopped, heard):
             print("runtime: stopped before serving", flush=True)
             return False
-        self.replan_every, self.step_ns = self.runtime.chunk_timing(start.period_ns)
         # the first verified step streams ahead of its chunk from the policy runtime only (not a drill's wrapper)
         policy = self.runtime if isinstance(self.runtime, PolicyRuntime) else None
         if policy is not None:  # after the warm-up: the plan's cost samples, as histograms
@@ -112,48 +126,104 @@ class RuntimeNode:
                 else f"{cfg.decode} on {cfg.backend} {cfg.precision}")
         print(f"runtime: {'re' if mid_run else ''}started ({what}, budget {cfg.scheduler.budget_ms} ms)", flush=True)
         self._last_msg_ns = now_ns()
+        self._serving = True
+        if self.source.clock.offset:  # revealed in the handshake, before every peer could hear an ErrorEvent
+            self._report_offset()
         return True
 
     def step(self) -> bool:
-        """One loop iteration: receive -> the newest observation -> plan -> decode -> publish. Waits up to 100 ms
-        for a message. False when the run is over: a Stop arrived, or no message came for idle_timeout_s."""
-        first = self.obs_rx.recv(100)
+        """One loop iteration: wait -> receive -> the newest observation -> plan -> decode -> publish. Waits up to
+        100 ms for a message (after the spin window of an observation due). False when the run is over: a Stop
+        arrived, or no message came for idle_timeout_s."""
+        due_ns = self._await()
+        got = self.obs_rx.recv_latest(100)  # latest-only: a stale observation is worse than none
         t_recv = now_ns()
         self.liveliness.poll(t_recv)
-        if first is None:
+        if not got.count and not got.others:
             if t_recv - self._last_msg_ns > self.cfg.idle_timeout_s * 1e9:
                 print(f"runtime: no message for {self.cfg.idle_timeout_s} s; exiting", flush=True)
                 return False
             return True
-        batch = [first, *self.obs_rx.drain()]
-        self._last_msg_ns = t_recv = now_ns()  # after the drain: the newest observation may have just arrived
-        observations = [m for m in batch if isinstance(m, Observation)]  # not Heartbeats or Hellos
-        self.telemetry.count("observations", len(observations))
-        if any(isinstance(m, Stop) for m in batch):
-            return False
-        # latest-only: a stale observation is worse than none
-        self.obs_rx.stale_dropped += max(0, len(observations) - 1)
-        obs = observations[-1] if observations else None
-        t_start_ns = self._plan(obs, t_recv) if obs is not None else None
+        self._last_msg_ns = t_recv
+        self.telemetry.count("observations", got.count)  # the newest and the ones it superseded
+        for msg in got.others:  # Heartbeats, Hellos, a Start, a Stop
+            self._heard(msg, t_recv)
+            if isinstance(msg, Stop):
+                return False
+            if isinstance(msg, Start):
+                self._begin(msg)
+            elif isinstance(msg, Hello):  # a (restarted) source handshaking: say this runtime hears it
+                transport.announce_ready(self.ready, "runtime")
+        obs = got.msg
+        t_start_ns = self._plan(obs, t_recv, due_ns) if obs is not None else None
         if t_start_ns is not None:
             self._publish(self._decode(obs, t_start_ns), obs)
         return True
 
-    def _plan(self, obs: Observation, t_recv_ns: int) -> int | None:
-        """When obs's decode budget starts (monotonic ns); None when obs is not decoded: a replan is not due yet
-        (replan_every_ticks), or it is older than max_obs_age_ms (counter obs_stale)."""
-        if obs.seq < self._next_seq:
+    def _await(self) -> int | None:
+        """Sleep until the window of the next observation to decode opens, then spin on the socket until it closes
+        (edgeinfer.core.clock.wait_until, the control loop's sleep-then-spin; the window: source.DueWindow): it
+        arrives to a loop already awake. No spin when nothing is due or its window has passed (no stream): the
+        loop then sleeps in the receive. Returns when it was due (monotonic ns; None: nothing was)."""
+        due_ns, win = self.source.due_ns(), self._window
+        if (end_ns := win.end_ns(due_ns, now_ns())) is not None:
+            wait_until(end_ns, win.before.spin_ns + win.after.spin_ns, self._obs_ready)
+        return due_ns
+
+    def _woke(self, late_ns: int) -> None:
+        """A sleep before an observation's window ended late_ns after it should have (sizes the window)."""
+        self._window.before.woke(late_ns)
+
+    def _begin(self, start: Start) -> None:
+        """A session of the observation source: the first Start, or a restart (served from its first observation)."""
+        restart = self.source.start is not None
+        if not self.source.begin(start):
+            return  # the same Start again
+        self.liveliness.schedule(start)
+        self.replan_every, self.step_ns = self.runtime.chunk_timing(start.period_ns)
+        self._window = DueWindow(int(self.cfg.obs_spin_us * 1e3), start.period_ns)
+        if restart:
+            self.telemetry.log.line("source_restart", "the observation source restarted (a new Start); serving it "
+                                                      "from its first observation")
+
+    def _heard(self, msg: Message, t_recv_ns: int) -> None:
+        """A timestamped message of the source, for its clock; an offset revealed is reported (once; from the
+        handshake, at its end)."""
+        if self.source.heard(msg, t_recv_ns) and self._serving:
+            self._report_offset()
+
+    def _report_offset(self) -> None:
+        text = self.source.clock.describe()
+        self.telemetry.report("clock_offset", text, every=True)
+        self.telemetry.log.line("clock_offset", text)
+
+    def _plan(self, obs: Observation, t_recv_ns: int, due_ns: int | None) -> int | None:
+        """When obs's decode budget starts (monotonic ns); None when obs is not decoded: it is not the newest of its
+        session (obs_out_of_order), a replan is not due yet (replan_every_ticks), or it is stale: older than
+        max_obs_age_ms or taken before its session's Start (obs_stale). Counts how it arrived (obs_arrival.*)."""
+        src = self.source
+        self._heard(obs, t_recv_ns)
+        admitted = src.admit(obs)
+        if admitted == "restart":
+            self.telemetry.log.line("source_restart", f"the observation source restarted (seq {obs.seq} after "
+                                                      "a higher one, later in time); serving it from there")
+        if admitted == "old" or obs.seq < src.next_seq:
             return None
-        age_ns = t_recv_ns - obs.t_ns
-        if self._max_age_ns is not None and age_ns > self._max_age_ns:
+        t_obs_ns = src.clock.local_ns(obs.t_ns)  # on this host's clock (shifted when the source's is offset)
+        age_ns = t_recv_ns - t_obs_ns
+        if admitted == "before_start" or (self._max_age_ns is not None and age_ns > self._max_age_ns):
             self.telemetry.count("obs_stale")
             return None
-        self._next_seq = obs.seq + self.replan_every
+        src.next_seq = obs.seq + self.replan_every
+        kind = self._window.arrived(t_recv_ns, due_ns, src.period_ns)
+        self.telemetry.count(f"obs_arrival.{kind}")
         if age_ns >= 0:
             self.telemetry.observe_ns("obs_age_at_runtime", age_ns)
-        # The budget runs from when the observation was taken (same-host monotonic clock), so time spent in
-        # transport counts; a timestamp from another clock falls back to receipt time.
-        return obs.t_ns if 0 <= age_ns < self._budget_ns else t_recv_ns
+            if kind == "idle":  # the first after a pause: its age includes waking the loop up
+                self.telemetry.observe_ns("obs_age_after_idle", age_ns)
+        # The budget runs from when the observation was taken, so time spent in transport counts; a timestamp
+        # that is still out of reach (negative, or past the budget) falls back to receipt time.
+        return t_obs_ns if 0 <= age_ns < self._budget_ns else t_recv_ns
 
     def _decode(self, obs: Observation, t_start_ns: int) -> ActionChunk:
         if self._streaming is not None:
@@ -164,7 +234,8 @@ class RuntimeNode:
         """The chunk's first verified step, ahead of the rest (time to first action); never a non-finite one."""
         if np.all(np.isfinite(first.steps_rad)):
             self.out.send(first)
-            self.telemetry.observe_ns("time_to_first_action", first.t_ready_ns - first.t_obs_ns)
+            t_obs_ns = self.source.clock.local_ns(first.t_obs_ns)
+            self.telemetry.observe_ns("time_to_first_action", first.t_ready_ns - t_obs_ns)
 
     def _publish(self, chunk: ActionChunk, obs: Observation) -> None:
         if not np.all(np.isfinite(chunk.steps_rad)):  # never publish a non-finite action
@@ -172,14 +243,15 @@ class RuntimeNode:
                                                       "action from the policy; sent the continue rung instead")
             chunk.steps_rad, chunk.rung = chunk.steps_rad[:1], "continue"
         self.telemetry.count(f"rung.{chunk.rung}")
-        self.telemetry.observe_ns("time_to_chunk", chunk.t_ready_ns - obs.t_ns)
+        self.telemetry.observe_ns("time_to_chunk", chunk.t_ready_ns - self.source.clock.local_ns(obs.t_ns))
         self.out.send(chunk)
 
     def _counters(self) -> dict[str, int]:
         """Counters kept outside the telemetry (receivers, runtime, lease), for each Stats (beacon thread)."""
-        rx, control = self.obs_rx, self.liveliness.control
+        rx, control, src = self.obs_rx, self.liveliness.control, self.source
         counters = dict(obs_received=rx.received, obs_superseded=rx.stale_dropped, chunks_sent=self.runtime.n_chunks,
-                        control_lost=control.lost, control_restarts=control.restarts)
+                        control_lost=control.lost, control_restarts=control.restarts, source_restarts=src.restarts,
+                        obs_out_of_order=src.out_of_order)
         counters.update({f"malformed.{kind}": n for kind, n in list(rx.malformed_by_kind.items())})
         return counters
 
@@ -206,3 +278,22 @@ class RuntimeNode:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _readable(sock: zmq.Socket, woke: Callable[[int], None]) -> Callable[[int], bool]:
+    """ready(timeout_ns) for edgeinfer.core.clock.wait_until: whether a message is queued on `sock`, after waiting up
+    to timeout_ns (sub-ms, unlike zmq_poll's whole ms) for one; woke(late_ns) gets how late each wait that timed out
+    ended. ZMQ_FD is edge-triggered: ZMQ_EVENTS is read before each wait (which re-arms it) and after it."""
+    fd = sock.getsockopt(zmq.FD)
+
+    def ready(timeout_ns: int) -> bool:
+        if sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+            return True
+        if timeout_ns <= 0:  # spinning: let a thread waiting for this CPU run (ZeroMQ's I/O thread, which
+            os.sched_yield()  # delivers the message: on a busy host a spin that keeps the CPU only delays it)
+            return False
+        wake_ns = now_ns() + timeout_ns
+        if not select.select([fd], [], [], timeout_ns / 1e9)[0]:
+            woke(now_ns() - wake_ns)
+        return bool(sock.getsockopt(zmq.EVENTS) & zmq.POLLIN)
+    return ready
