@@ -74,8 +74,8 @@ def test_node_decodes_the_newest_observation_and_drops_stale_ones(node_and_peers
     time.sleep(0.1)  # all three queued before the step receives
     chunk = _step_until_chunk(node, chunks)
     assert (chunk.obs_seq, chunk.rung) == (2, "full")
-    send(obs_pub, _obs(3, t_ns=now_ns() - 1_000_000_000))  # 1 s old: older than max_obs_age_ms
-    send(obs_pub, _obs(4, t_ns=now_ns() - 1_000_000_000))
+    send(obs_pub, _obs(3, t_ns=now_ns() - 500_000_000))  # 0.5 s old: older than max_obs_age_ms (past 1 s: implausible)
+    send(obs_pub, _obs(4, t_ns=now_ns() - 500_000_000))
     time.sleep(0.1)
     assert _step_until_chunk(node, chunks) is None
     send(obs_pub, _obs(5))

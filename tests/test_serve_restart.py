@@ -1,5 +1,6 @@
-"""A real `edgeinfer serve` process (the null policy) against observation sources that restart, stamp on an offset
-clock, stream periodically and pause: structure and counts, never speed (edgeinfer/node/source.py)."""
+"""A real `edgeinfer serve` process (the null policy) against observation sources that restart (on a clock that
+jumped), stamp on an offset clock, send a corrupted timestamp, stream periodically and pause: structure and counts,
+never speed (edgeinfer/node/source.py)."""
 import dataclasses
 import re
 import time
@@ -143,18 +144,27 @@ def test_a_restarted_source_is_served_from_its_first_observation(runtime):
     assert (counters["source_restarts"], counters["obs_out_of_order"]) == (1, 0)
 
 
-def test_a_source_that_restarts_without_a_start_is_served_too(runtime):
-    rt = runtime()
+@pytest.mark.parametrize("jump_s", [0.0, -2.0])
+def test_a_source_that_restarts_without_a_start_is_served_too(runtime, jump_s):
+    rt = runtime()  # jump_s: its clock after the restart minus before (-2 s: a rebooted host's clock, behind)
     first = rt.first_session()
-    first.stream(range(40), first.start())
+    first.stream(range(40), t0 := first.start())
+    assert 39 in _chunks(rt.read(0.3), t0)
     first.close()
-    again = rt.source()  # no handshake, no Start: seq 0 again, later in time
+    again = rt.source(offset_ns=int(jump_s * 1e9))  # no handshake, no Start: seq 0 again
     time.sleep(0.1)  # the runtime's SUB reconnects (RECONNECT_IVL 10 ms); what is sent before that is lost
     again.stream(range(40), t1 := again.now())
-    served = _chunks(rt.read(0.3), t1)
-    assert served and min(served) < 30
+    msgs = rt.read(0.3)
+    served = [m.obs_seq for m in msgs if isinstance(m, ActionChunk) and t1 <= m.t_obs_ns < t1 + 40 * P]
+    assert served and min(served) < 30  # not once seq passes 39, nor once its time passes the old session's
+    jumps = [m for m in msgs if isinstance(m, ErrorEvent) and m.kind == "clock_jump"]
     counters = rt.stop(again).counters
-    assert counters["source_restarts"] == 1
+    if jump_s:  # a session on the clock after the jump, from its third observation (the first two: implausible)
+        assert len(jumps) == 1 and counters["error.clock_jump"] == 1 and 2 <= counters["obs_implausible"] < 20
+        said_ms = float(re.search(r"jumped ([+-][0-9.]+) ms", jumps[0].detail).group(1))
+        assert said_ms == pytest.approx(jump_s * 1e3, abs=100) and counters["source_restarts"] == 0
+    else:
+        assert not jumps and counters["source_restarts"] == 1
 
 
 @pytest.mark.parametrize("offset_s", [-3.0, 3.0])
@@ -171,6 +181,24 @@ def test_an_offset_clock_is_detected_reported_once_and_served(runtime, offset_s)
     counters = rt.stop(src).counters
     assert counters["error.clock_offset"] == 1
     assert counters["rung.full"] >= 10
+
+
+def test_a_corrupted_timestamp_is_counted_and_poisons_nothing(runtime):
+    rt = runtime()  # max_obs_age_ms 50 (the default): one corrupted t_ns set the floor, every later one looked stale
+    src = rt.first_session()
+    src.stream(range(50), t0 := src.start())
+    for n, dt in enumerate((1 << 40, -(1 << 31)), start=1):  # a bit of t_ns flipped: 1100 s ahead, 2.1 s behind
+        k = (now_ns() - t0) // P  # a copy of the newest observation, the bit flipped
+        transport.send(src.pub, Observation(k, t0 + k * P + dt, np.zeros(6), np.zeros(6), np.zeros(6)))
+        deadline = time.monotonic() + 10
+        while not any(isinstance(m, Stats) and m.counters.get("obs_implausible", 0) >= n for m in rt.read(0.05)):
+            assert time.monotonic() < deadline, "the corrupted observation was never counted"
+        k = (now_ns() - t0) // P + 1
+        src.stream(range(k, k + 50), t0)  # 0.2 s: served, not stale (a 100 ms stall costs at most 25)
+        assert len(_chunks(rt.read(0.1), t0 + k * P)) >= 20
+    counters = rt.stop(src).counters
+    assert counters["obs_implausible"] == 2 and "error.clock_offset" not in counters
+    assert (counters["source_restarts"], counters["obs_out_of_order"]) == (0, 0)
 
 
 def test_a_periodic_stream_finds_the_loop_awake_and_a_pause_costs_no_spinning(runtime):

@@ -41,12 +41,14 @@ def serve(cfg: RuntimeConfig, endpoints: transport.Endpoints, handshake_timeout_
     Publishes on the chunk PUB: ActionChunks, and from a beacon thread its Heartbeat every
     runtime_heartbeat_ms and Stats every runtime_stats_ms; ErrorEvents (rate-limited) for malformed input
     and non-finite policy output, and once for an observation clock offset from this host's (error.clock_offset,
-    edgeinfer/node/source.py). An observation older than max_obs_age_ms on arrival is dropped (counter obs_stale);
-    a chunk with a non-finite action is never published: a `continue` chunk (the anchor only, so the control loop
-    keeps its previous chunk or holds) goes out instead (counter error.nonfinite_action). A restarted observation
-    source (a new Start, or its seq from 0 again) is served from its first observation (source_restarts); it may
-    handshake again (its Hellos are answered). Started mid-run (a restart), it learns the schedule from the
-    replayer's Heartbeat and waits for the control loop to acknowledge it before serving (re-handshake).
+    edgeinfer/node/source.py) or a jump of that clock (error.clock_jump). An observation whose timestamp is
+    implausible (a corrupted one) is dropped (obs_implausible), and one older than max_obs_age_ms on arrival
+    (obs_stale); a chunk with a non-finite action is never published: a `continue` chunk (the anchor only, so the
+    control loop keeps its previous chunk or holds) goes out instead (counter error.nonfinite_action). A restarted
+    observation source (a new Start, or its seq from 0 again) is served from its first observation
+    (source_restarts); it may handshake again (its Hellos are answered). Started mid-run (a restart), it learns
+    the schedule from the replayer's Heartbeat and waits for the control loop to acknowledge it before serving
+    (re-handshake).
     """
     with RuntimeNode(cfg, endpoints) as node:
         stop = threading.Event()
@@ -186,11 +188,17 @@ class RuntimeNode:
             self.telemetry.log.line("source_restart", "the observation source restarted (a new Start); serving it "
                                                       "from its first observation")
 
-    def _heard(self, msg: Message, t_recv_ns: int) -> None:
-        """A timestamped message of the source, for its clock; an offset revealed is reported (once; from the
-        handshake, at its end)."""
-        if self.source.heard(msg, t_recv_ns) and self._serving:
+    def _heard(self, msg: Message, t_recv_ns: int) -> str | None:
+        """A timestamped message of the source, for its clock: its verdict (source.VERDICTS). An offset revealed is
+        reported (once; from the handshake, at its end), and so is a jump of the source's clock."""
+        verdict = self.source.heard(msg, t_recv_ns)
+        if verdict == "offset" and self._serving:
             self._report_offset()
+        elif verdict == "jump":
+            text = self.source.clock.describe_jump()
+            self.telemetry.report("clock_jump", text)
+            self.telemetry.log.line("clock_jump", text)
+        return verdict
 
     def _report_offset(self) -> None:
         text = self.source.clock.describe()
@@ -198,11 +206,13 @@ class RuntimeNode:
         self.telemetry.log.line("clock_offset", text)
 
     def _plan(self, obs: Observation, t_recv_ns: int, due_ns: int | None) -> int | None:
-        """When obs's decode budget starts (monotonic ns); None when obs is not decoded: it is not the newest of its
-        session (obs_out_of_order), a replan is not due yet (replan_every_ticks), or it is stale: older than
-        max_obs_age_ms or taken before its session's Start (obs_stale). Counts how it arrived (obs_arrival.*)."""
+        """When obs's decode budget starts (monotonic ns); None when obs is not decoded: its timestamp is implausible
+        (obs_implausible: a corrupted one; edgeinfer/node/source.py), it is not the newest of its session
+        (obs_out_of_order), a replan is not due yet (replan_every_ticks), or it is stale: older than max_obs_age_ms
+        or taken before its session's Start (obs_stale). Counts how it arrived (obs_arrival.*)."""
         src = self.source
-        self._heard(obs, t_recv_ns)
+        if self._heard(obs, t_recv_ns) == "implausible":
+            return None  # touches nothing: not the clock, not the session
         admitted = src.admit(obs)
         if admitted == "restart":
             self.telemetry.log.line("source_restart", f"the observation source restarted (seq {obs.seq} after "
@@ -251,7 +261,7 @@ class RuntimeNode:
         rx, control, src = self.obs_rx, self.liveliness.control, self.source
         counters = dict(obs_received=rx.received, obs_superseded=rx.stale_dropped, chunks_sent=self.runtime.n_chunks,
                         control_lost=control.lost, control_restarts=control.restarts, source_restarts=src.restarts,
-                        obs_out_of_order=src.out_of_order)
+                        obs_out_of_order=src.out_of_order, obs_implausible=src.clock.implausible)
         counters.update({f"malformed.{kind}": n for kind, n in list(rx.malformed_by_kind.items())})
         return counters
 

@@ -3,9 +3,12 @@
 - Sessions. A source that restarts (a robot client, a replayer) counts its observations from 0 again. A new
   Start, or an observation whose seq went back while its timestamp went forward, begins a new session, served
   from its first observation (counter source_restarts). An observation older than the newest of its session
-  (reordered, duplicated) is not served (obs_out_of_order); one taken before its session's Start is stale.
+  (reordered, duplicated: the same seq or the same timestamp) is not served (obs_out_of_order); one taken before
+  its session's Start is stale.
 - Its clock (SourceClock): the one-way delay floor of its messages, and an offset from this host's clock when
-  its timestamps come from another host.
+  its timestamps come from another host. A message whose timestamp the floor makes implausible (a corrupted one
+  that still decodes) is counted (obs_implausible) and touches nothing: not the floor, not the session, not the
+  chunks; several in a row that agree are a clock that jumped (error.clock_jump), followed from then on.
 - When the next observation to decode is due (due_ns), and the window around it (DueWindow) in which the loop
   spins instead of sleeping (edgeinfer/node/serve.py), so that it arrives to a loop already awake.
 """
@@ -16,8 +19,13 @@ from edgeinfer.core.wire import Heartbeat, Hello, Message, Observation, Start
 
 OFFSET_LIMIT_NS = 5_000_000  # a floor above this over a whole window is a clock offset, not a delay
 HALF_WINDOW_NS = 250_000_000  # the floor is the minimum over the last 0.25-0.5 s of messages
+LATE_LIMIT_NS = 1_000_000_000  # a message this much slower than the floor is implausible (a timestamp from the past)
+EARLY_LIMIT_NS = 5_000_000  # with an offset, one this much faster than a settled floor is implausible (from the future)
+JUMP_SAMPLES = 3  # this many implausible messages in a row that agree: the source's clock jumped (also: settled)
+JUMP_AGREE_NS = 5_000_000  # ...agree: each later than the one before, their delays within this of the first's
 MAX_WAIT_NS = 100_000_000  # the loop waits for an observation due at most this far ahead (then it receives)
 ARRIVALS = ("early", "on_time", "late", "idle")  # arrival(): counters obs_arrival.<kind>
+VERDICTS = ("taken", "offset", "implausible", "jump")  # SourceClock.sample()
 
 
 class SourceClock:
@@ -30,33 +38,78 @@ class SourceClock:
     two half-windows (as BBR's min-RTT filter, Cardwell et al. 2016), so it follows a drifting clock and forgets
     a backlog read after a stall.
 
-    `offset` turns True (once) when the floor is negative (a message received before it was sent) or above
-    OFFSET_LIMIT_NS over a whole window (the fastest message of 0.25 s or more took longer than that one way:
-    not a delay); from then on local_ns() reads the source's timestamps as t_src + floor, so the fastest message
-    counts as age 0. All times in ns.
+    `offset` turns True (once; a jump decides it again) when the floor is negative (a message received before it
+    was sent) or above OFFSET_LIMIT_NS over a whole window (the fastest message of 0.25 s or more took longer than
+    that one way: not a delay); from then on local_ns() reads the source's timestamps as t_src + floor, so the
+    fastest message counts as age 0. All times in ns.
+
+    A minimum trusts its lowest sample, so a timestamp is judged before it is taken. Once there is a floor, a
+    message is implausible (not taken; counted in `implausible`) when it is more than LATE_LIMIT_NS slower than
+    the floor, or faster than physics allows: received before it was sent (one clock, no offset), or, with an
+    offset, more than EARLY_LIMIT_NS faster than a settled floor (JUMP_SAMPLES messages in a row that did not
+    lower it by more: a floor seeded by a backlog read at once, or after a pause, falls freely until then). A
+    corrupted timestamp is one such message. A clock that really jumped (the source restarted on another host,
+    or its clock was stepped) is JUMP_SAMPLES of them in a row that agree (each later than the one before,
+    their delays within JUMP_AGREE_NS of the first's; a backlog's are a send interval apart, a repeated
+    message's are not later): the estimate starts again from them (a jump: counted in `jumps`, by jump_ns),
+    with the offset decided at once from their floor.
     """
 
     def __init__(self):
         self.floor_ns: int | None = None  # None until the first sample
         self.offset = False
+        self.implausible = self.jumps = 0
+        self.jump_ns = 0  # how much the floor moved at the last jump
         self._cur: int | None = None  # the minimum of the current half-window, begun at _cur_start_ns
         self._prev: int | None = None  # the minimum of the one before (None: none, or too long ago)
         self._cur_start_ns = 0
+        self._settled = 0  # samples taken in a row that did not lower the floor by more than EARLY_LIMIT_NS
+        self._streak: list[tuple[int, int]] = []  # (t_src, d) of the implausible samples in a row that agree
 
-    def sample(self, t_src_ns: int, t_recv_ns: int) -> bool:
-        """Take one message's timestamps. True the one time the samples reveal a clock offset."""
+    def sample(self, t_src_ns: int, t_recv_ns: int) -> str:
+        """Take one message's timestamps (or not). One of VERDICTS: "taken"; "offset" (taken, and the one time the
+        samples reveal a clock offset); "implausible" (not taken); "jump" (the estimate started again from it)."""
         d = t_recv_ns - t_src_ns
+        if self.floor_ns is not None and not self._plausible(d):
+            return self._implausible(t_src_ns, d, t_recv_ns)
+        self._streak.clear()
+        settled = self.floor_ns is not None and d >= self.floor_ns - EARLY_LIMIT_NS
         age_ns = t_recv_ns - self._cur_start_ns
         if self._cur is None or age_ns >= HALF_WINDOW_NS:
             self._prev = self._cur if self._cur is not None and age_ns < 2 * HALF_WINDOW_NS else None
             self._cur, self._cur_start_ns = d, t_recv_ns
+            settled &= self._prev is not None  # the first message, or the first after a pause: a new floor
         else:
             self._cur = min(self._cur, d)
+        self._settled = self._settled + 1 if settled else 0
         self.floor_ns = self._cur if self._prev is None else min(self._prev, self._cur)
         if self.offset:
-            return False
+            return "taken"
         self.offset = self.floor_ns < 0 or (self._prev is not None and self.floor_ns > OFFSET_LIMIT_NS)
-        return self.offset
+        return "offset" if self.offset else "taken"
+
+    def _plausible(self, d: int) -> bool:
+        if d > self.floor_ns + LATE_LIMIT_NS:
+            return False
+        if not self.offset:
+            return d >= 0
+        return self._settled < JUMP_SAMPLES or d >= self.floor_ns - EARLY_LIMIT_NS
+
+    def _implausible(self, t_src_ns: int, d: int, t_recv_ns: int) -> str:
+        streak = self._streak
+        if streak and (t_src_ns <= streak[-1][0] or abs(d - streak[0][1]) > JUMP_AGREE_NS):
+            streak.clear()
+        streak.append((t_src_ns, d))
+        if len(streak) < JUMP_SAMPLES:
+            self.implausible += 1
+            return "implausible"
+        floor = min(d for _, d in streak)
+        self.jumps, self.jump_ns = self.jumps + 1, floor - self.floor_ns
+        streak.clear()
+        self._cur, self._prev, self._cur_start_ns = floor, None, t_recv_ns
+        self.floor_ns, self._settled = floor, 0
+        self.offset = floor < 0 or floor > OFFSET_LIMIT_NS  # JUMP_SAMPLES that agree stand for a whole window
+        return "jump"
 
     def local_ns(self, t_src_ns: int) -> int:
         """A source timestamp on this host's monotonic clock: itself, or shifted by the floor after an offset."""
@@ -72,6 +125,14 @@ class SourceClock:
                 "offset (the fastest message is age 0), so max_obs_age_ms bounds the delay beyond it; for true ages "
                 "stamp observations on this host with CLOCK_MONOTONIC (Python: time.perf_counter_ns())")
 
+    def describe_jump(self) -> str:
+        """What the last jump was (the ErrorEvent's text)."""
+        now = (f"on a clock {-self.floor_ns / 1e6:+.1f} ms from this host's, read against it" if self.offset
+               else "on this host's clock again")
+        return (f"the observation source's clock jumped {-self.jump_ns / 1e6:+.1f} ms ({JUMP_SAMPLES} messages in "
+                f"a row agreed): it restarted on another host or clock, or its clock was stepped. Its timestamps are "
+                f"now {now}; its session goes on from there")
+
 
 class ObservationSource:
     """The source's current session: its schedule (period_ns, from the Start), the newest observation, the next seq
@@ -80,6 +141,7 @@ class ObservationSource:
     def __init__(self):
         self.clock = SourceClock()
         self.start: Start | None = None
+        self.t0_ns: int | None = None  # observations taken before it are stale (the Start's; None after a jump)
         self.last: Observation | None = None  # the newest observation of this session
         self.next_seq = 0
         self.restarts = self.out_of_order = 0
@@ -94,28 +156,37 @@ class ObservationSource:
         if self.start is not None and (start.t0_ns, start.period_ns) == (self.start.t0_ns, self.start.period_ns):
             return False
         self.restarts += self.start is not None
-        self.start, self.last, self.next_seq = start, None, 0
+        self.start, self.t0_ns, self.last, self.next_seq = start, start.t0_ns, None, 0
         return True
 
-    def heard(self, msg: Message, t_recv_ns: int) -> bool:
-        """Sample the clock with a message's timestamp (Hello, Heartbeat, Observation). True the one time an offset
-        is revealed (report clock.describe())."""
-        return isinstance(msg, (Observation, Hello, Heartbeat)) and self.clock.sample(msg.t_ns, t_recv_ns)
+    def heard(self, msg: Message, t_recv_ns: int) -> str | None:
+        """Sample the clock with a message's timestamp (Hello, Heartbeat, Observation): its verdict (VERDICTS; None
+        for a message without one). "implausible": the message is not to be served. "jump": the session's times
+        were on the clock before it, so it goes on from the next observation admitted (report clock.describe_jump());
+        "offset": report clock.describe()."""
+        if not isinstance(msg, (Observation, Hello, Heartbeat)):
+            return None
+        verdict = self.clock.sample(msg.t_ns, t_recv_ns)
+        if verdict == "jump":
+            self.t0_ns, self.last, self.next_seq = None, None, 0
+        return verdict
 
     def admit(self, obs: Observation) -> str:
-        """Whether obs is the newest of its session: "new", "restart" (its seq went back while its time went
-        forward: the source restarted without a Start; a new session, counted), "old" (reordered or duplicated:
-        counted in out_of_order) or "before_start" (taken before its session's Start)."""
+        """Whether obs (a plausible one: heard() first) is the newest of its session: "new", "restart" (its seq went
+        back while its time went forward: the source restarted without a Start; a new session, counted), "old"
+        (reordered, or the same observation again: its seq or its timestamp is the newest's; counted in
+        out_of_order) or "before_start" (taken before its session's Start)."""
         last = self.last
-        if self.start is not None and obs.t_ns < self.start.t0_ns:
+        if self.t0_ns is not None and obs.t_ns < self.t0_ns:
             return "before_start"
-        if last is not None and obs.seq <= last.seq:
-            if obs.t_ns <= last.t_ns:
+        if last is not None:
+            if obs.seq == last.seq or obs.t_ns == last.t_ns or (obs.seq < last.seq and obs.t_ns < last.t_ns):
                 self.out_of_order += 1
                 return "old"
-            self.restarts += 1
-            self.last, self.next_seq = obs, 0
-            return "restart"
+            if obs.seq < last.seq:  # and later in time
+                self.restarts += 1
+                self.last, self.next_seq = obs, 0
+                return "restart"
         self.last = obs
         return "new"
 
