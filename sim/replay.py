@@ -286,13 +286,14 @@ def stream(log: ArmLog, ticks: np.ndarray, stride: int, obs_pub, cmd_rx, chunk_r
         _pre_roll(log, obs_pub, cmd_rx, chunk_rx, rec, tail)
         for i in range(len(log)):
             # encode before the wait, so that the send itself is all that happens at the due time
-            frames = encode(observation(log, ticks, prev, i, int(rec.t_sched_ns[i])))
+            frames = None if afap else encode(observation(log, ticks, prev, i, int(rec.t_sched_ns[i])))
             grabbed = [] if afap else _collect_until(int(rec.t_sched_ns[i]), cmd_rx, chunk_rx, rec,
                                                      injector=injector, pub=obs_pub, tail=tail)
             t = now_ns()
             rec.t_sent_ns[i] = t
-            if afap:
+            if afap:  # no schedule: stamped when sent (a stamp ahead of the clock is implausible to the nodes)
                 rec.t_sched_ns[i] = t
+                frames = encode(observation(log, ticks, prev, i, t))
             if not afap and should_skip(i, t, rec.t_sched_ns, pacing.catch_up):
                 rec.skipped[i] = True  # stale after a stall: resume on schedule, no burst
                 if injector is not None:
