@@ -169,3 +169,27 @@ def test_target_only_never_speculates():
     p.unlimited()
     assert p.choose() is None
     assert {p.plan(n, 48 - n) for n in range(1, 48)} == {0}
+
+
+def test_an_estimate_a_stall_inflated_expires_and_the_pass_is_measured_again(monkeypatch):
+    """A pass the plan refuses records nothing: without expiry, a few stalled passes would keep the p99 of
+    verify above the budget for ever, and every chunk would go out as an unverified draft."""
+    t = [0]
+    monkeypatch.setattr("edgeinfer.core.scheduler.time.perf_counter_ns", lambda: t[0])
+    planner = TickPlanner(SchedulerConfig(budget_ms=10.0, margin_ms=0.0, k_max=0, adaptive=False), drafters=())
+    lat = planner.latency
+    lat.clock = lambda: t[0]
+    for _ in range(200):
+        lat.record("verify", 0, 1_000_000)  # 1 ms passes
+    for _ in range(5):
+        lat.record("verify", 0, 40_000_000)  # a stall: five 40 ms passes
+    planner.start(t[0])
+    assert planner.plan(committed=1, remaining=5) is None  # p99 40 ms > the 10 ms budget: refused
+    t[0] += 4_000_000_000
+    planner.start(t[0])
+    assert planner.plan(committed=1, remaining=5) is None  # still refused within max_age (5 s)
+    t[0] += 1_500_000_000
+    planner.start(t[0])
+    assert planner.plan(committed=1, remaining=5) == 0  # the stale samples expired: measured again
+    lat.record("verify", 0, 1_000_000)
+    assert lat.estimate_ns("verify", 0) == 1_000_000  # planned on the fresh sample alone

@@ -15,7 +15,7 @@ from __future__ import annotations
 import time
 from collections import defaultdict, deque
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -68,11 +68,19 @@ class LatencyModel:
 
     observer(name, duration_ns), when set (the runtime's telemetry), also receives every sample after the
     warm-up as a histogram named "<op>.<k group>" (e.g. "verify.k3-4", "draft:learned.k9-16", "prefill.k0"),
-    so the distributions the plan is built on are readable while the runtime runs."""
+    so the distributions the plan is built on are readable while the runtime runs.
 
-    def __init__(self, quantile: float = 0.99, window: int = 256):
-        self.quantile = quantile
+    Samples older than max_age_ns are forgotten. A pass the plan refuses records nothing, so without this an
+    estimate that a host stall inflated would refuse that pass for ever (a 30-minute soak sent unverified
+    drafts for 28 minutes after a loaded start): its samples now expire, the estimate falls to 0 (never
+    measured), and the next pass re-measures it. The cost: an op that really does not fit is tried once per
+    max_age_ns. clock: monotonic ns (the planner's, injectable in tests)."""
+
+    def __init__(self, quantile: float = 0.99, window: int = 256, max_age_ns: int = 5_000_000_000,
+                 clock: Callable[[], int] = time.perf_counter_ns):
+        self.quantile, self.max_age_ns, self.clock = quantile, max_age_ns, clock
         self._samples: dict[tuple[str, int], deque] = defaultdict(lambda: deque(maxlen=window))
+        self._times: dict[tuple[str, int], deque] = defaultdict(lambda: deque(maxlen=window))
         self._cache: dict[tuple[str, int], float] = {}
         self._added: dict[tuple[str, int], int] = defaultdict(int)
         self.observer = None
@@ -82,6 +90,7 @@ class LatencyModel:
             self.observer(f"{op}.{k_group(k)}", duration_ns)
         samples = self._samples[(op, k)]
         samples.append(duration_ns)
+        self._times[(op, k)].append(self.clock())
         self._added[(op, k)] += 1  # a full window's length stays put: count the samples instead
         if self._added[(op, k)] < 16 or self._added[(op, k)] % 8 == 0:  # a quantile of 256 samples costs
             for q in (self.quantile, 0.5):  # ~20 us: refresh early, then every 8th sample, not every pass
@@ -90,6 +99,7 @@ class LatencyModel:
     def clear(self) -> None:
         """Forget every sample (after warm-up: first calls pay one-off allocation costs)."""
         self._samples.clear()
+        self._times.clear()
         self._cache.clear()
         self._added.clear()
 
@@ -98,6 +108,15 @@ class LatencyModel:
         it gets measured)."""
         q = self.quantile if quantile is None else quantile
         key = (op, k, q)
+        times = self._times.get((op, k))
+        if times and times[0] < self.clock() - self.max_age_ns:  # expire what is too old to plan on
+            cutoff, samples = self.clock() - self.max_age_ns, self._samples[(op, k)]
+            while times and times[0] < cutoff:
+                times.popleft()
+                samples.popleft()
+            for qq in (self.quantile, 0.5, q):
+                self._cache.pop((op, k, qq), None)
+            self._added[(op, k)] = len(samples)  # so the next samples refresh the estimate at once
         if key not in self._cache:
             s = self._samples.get((op, k))
             self._cache[key] = float(np.quantile(s, q)) if s else 0.0
