@@ -106,6 +106,10 @@ def main() -> int:
                     help="length of the first and last windows compared, minutes (default 5)")
     ap.add_argument("replay_args", nargs="*", help="after --: options passed to `edgeinfer replay`")
     args = ap.parse_args()
+    if args.minutes * 60 < args.warmup_s + 2 * args.sample_s or args.minutes < 2 * args.window_min:
+        ap.error(f"--minutes {args.minutes:g} is too short to judge: it needs --warmup-s ({args.warmup_s:g} s) plus "
+                 f"two --sample-s ({args.sample_s:g} s) samples, and two --window-min ({args.window_min:g} min) "
+                 "windows that do not overlap; lower those for a short trial")
 
     rows = chain_runs(args.data.resolve(), args.minutes, args.out / "log")
     print(f"soak: {rows} rows chained from {args.data} into {args.out / 'log'}", flush=True)

@@ -298,3 +298,25 @@ def test_the_control_loop_clamps_over_the_ticks_since_its_last_command(loop):
     loop._command(3, T + 30 * MS, 0.01)  # ticks 1 and 2 were overrun and skipped: 30 ms since the last command
     np.testing.assert_allclose(rx.recv(200).q_rad, [0.04, 0.0])  # not 0.02: a late loop is not held back
     assert loop.stats.clamped == 2
+
+
+def test_a_bad_or_stepped_back_time_never_poisons_the_commands(monkeypatch):
+    """A NaN t_ns is refused (it would make every later command NaN); a numpy integer is taken as the int it holds;
+    a caller's clock that steps back restarts the replan deadlines from there (counted, warned once) instead of
+    holding until time catches up."""
+    import warnings
+
+    from edgeinfer.node.controller import Controller, ControllerConfig
+
+    ctl = Controller(ControllerConfig())
+    with pytest.raises(ValueError, match="t_ns"):
+        ctl.step(float("nan"), None)
+    ctl.replan_ns = 20_000_000  # set by open(); the deadline bookkeeping alone here, no decoder
+    ctl._replan_time(int(np.uint64(10**12)))
+    assert ctl._replan_time(int(ctl._next_replan_ns)) is True
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        back = ctl._next_replan_ns - 10**9  # one second back
+        assert ctl._replan_time(back) is True and ctl.stats.clock_steps_back == 1
+        ctl._replan_time(back - 10**9)
+    assert ctl.stats.clock_steps_back == 2 and sum("went back" in str(w.message) for w in caught) == 1

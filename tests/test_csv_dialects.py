@@ -100,6 +100,9 @@ def test_fixed_rate_log_without_time_column_matches_schunk(real, tmp_path):
         read_log(path, columns="q=joint_?,qd=joint_vel_?")
     log = read_log(path, columns="q=joint_?,qd=joint_vel_?", rate_hz=250.0)
     assert_same_stream(log, real)
+    stamped = write_industrial(real, tmp_path / "stamped.csv")
+    with pytest.raises(LogError, match=r"stamped\.csv line 1: rate_hz is set but the log has a time column"):
+        read_log(stamped, columns=INDUSTRIAL, rate_hz=250.0)  # its stamps (gaps, jitter) would be lost
 
 
 # --- a missing field: refused by name, or derived when asked -----------------------------------------------

@@ -212,6 +212,11 @@ def test_numpy_scalars_encode_as_the_numbers_they_hold(dtype):
     assert (back.instance, back.counters, back.histograms) == (7, {"ticks": 9, "holds": 0}, {"lat": [1, 2, 3]})
 
 
+def test_a_longdouble_is_a_float_to_the_field_checks_not_a_recursion():
+    with pytest.raises(WireError, match=r"histograms.*expected int, got float"):  # longdouble.item() is a longdouble
+        encode(Stats("control", 1, 2, 3, {}, {"lat": [np.longdouble(1.5)]}))
+
+
 @pytest.mark.parametrize("numpy_value, python_value", [
     (np.uint64(2**63), 2**63),  # over int64: the receiver's range check
     (np.uint64(2**64 - 1), 2**64 - 1),

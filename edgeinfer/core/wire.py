@@ -225,7 +225,8 @@ def _numpy_scalar(obj: Any) -> Any:
     """msgspec's enc_hook: a numpy bool, integer, float or str scalar (np.int64(1) from an array, a sum) as the
     Python value it holds, which the header then checks like any other (range, type). Raises TypeError otherwise."""
     if isinstance(obj, np.generic) and obj.dtype.kind in "biufU":
-        return obj.item()
+        value = obj.item()
+        return float(value) if isinstance(value, np.floating) else value  # longdouble.item() is a longdouble
     raise TypeError(f"Encoding objects of type {type(obj).__name__} is unsupported")  # msgspec's own words
 
 

@@ -185,6 +185,11 @@ def _select(path: Path, header: list[str], cmap: dict, rate_hz: float | None, de
                            "with t= in the column map (--columns), or set rate_hz (--rate-hz) for a log recorded "
                            "at a fixed rate")
         t_col = names.index(t_name)
+    else:
+        found = next((h for n in _TIME_NAMES for h in names if h.casefold() == n), None)
+        if found is not None:  # its stamps would be ignored: every gap and jitter in them silently lost
+            raise LogError(f"{path} line 1: rate_hz is set but the log has a time column {found!r}; leave rate_hz "
+                           "unset to replay its stamps (or rename the column if it is not time)")
     cols = {"q": [i for i in _match(names, cmap["q"]) if i != t_col]}
     cols["qd"] = [i for i in _match(names, cmap["qd"]) if i != t_col and i not in cols["q"]]
     what = {"q": "joint position", "qd": "joint velocity"}

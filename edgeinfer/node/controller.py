@@ -77,6 +77,7 @@ class ControllerStats(CommandCounters):
     rate_hz: float = 0.0  # the caller's measured call rate, over its last 32 intervals (control/rate.py)
     jitter_ms: float = 0.0  # standard deviation of those intervals, ms
     rate_departures: int = 0  # times that rate left period_ms's rate by more than rate_tolerance (warned)
+    clock_steps_back: int = 0  # calls whose t_ns went back: replan deadlines restart from it (warned once)
 
 
 class Controller:
@@ -97,6 +98,7 @@ class Controller:
         self.last_error: str | None = None
         self._ticks = 0
         self._next_replan_ns: int | None = None  # None: the first finite observation is planned from
+        self._prev_t_ns: int | None = None  # the last call's t_ns (a clock that steps back is counted)
         self._replan_due = True
         self._pending: Observation | None = None
         self._wake = threading.Condition()
@@ -117,7 +119,11 @@ class Controller:
         float64 rad; None: no new one this tick). Returns at once; never raises for a late or failing policy (it
         holds instead). Returns None when there is nothing safe to command yet (no chunk, no command and no
         finite observation so far; counted in no_state). Raises ValueError when q_rad, qd_rad_s or q_prev_rad is
-        not a (D,) array for the policy's D joints (a (D, 1) column would broadcast into every later command)."""
+        not a (D,) array for the policy's D joints (a (D, 1) column would broadcast into every later command),
+        or when t_ns is not a finite number (a NaN time would make every later command NaN)."""
+        if not np.isfinite(t_ns):
+            raise ValueError(f"Controller.step: t_ns must be a finite monotonic time in ns, got {t_ns!r}")
+        t_ns = int(t_ns)  # a numpy integer (uint64 wraps on subtraction) or a float, as the int it holds
         if obs is not None:
             d = self.runtime.policy.cfg.n_joints
             for name in ("q_rad", "qd_rad_s", "q_prev_rad"):
@@ -161,6 +167,13 @@ class Controller:
         caller's ticks passed over are skipped, never caught up."""
         if self._next_replan_ns is None:
             self._next_replan_ns = t_ns
+        if self._prev_t_ns is not None and t_ns < self._prev_t_ns:  # the caller's clock stepped back
+            self.stats.clock_steps_back += 1
+            if self.stats.clock_steps_back == 1:
+                warnings.warn(f"Controller: t_ns went back {(self._prev_t_ns - t_ns) / 1e6:.1f} ms; replanning "
+                              "from there (pass a monotonic clock: time.monotonic_ns())", RuntimeWarning, stacklevel=3)
+            self._next_replan_ns = t_ns
+        self._prev_t_ns = t_ns
         if t_ns < self._next_replan_ns:
             return False
         self._next_replan_ns += ((t_ns - self._next_replan_ns) // self.replan_ns + 1) * self.replan_ns
