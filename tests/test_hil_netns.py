@@ -81,8 +81,10 @@ def test_hil_over_a_veth_link_cut_mid_run(link, keys, schunk_dir, tmp_path):
     # served before the cut; after it, the lost runtime is detected and every later tick holds
     assert r["outcomes"]["on_time"] > 50
     assert control["runtime_lost"] >= 1
-    # at least the last ~1 s of the 3.7 s log; the control loop also counts the pre-roll's holds
-    assert control["holds"] == r["outcomes"]["hold"] + r["start_up"]["outcomes"]["hold"]
+    # at least the last ~1 s of the 3.7 s log; the control loop also counts the pre-roll's holds, and a loaded
+    # host may let it tick once or twice past the last row before the Stop (held: the runtime is gone)
+    held = r["outcomes"]["hold"] + r["start_up"]["outcomes"]["hold"]
+    assert held <= control["holds"] <= held + 2
     assert r["outcomes"]["hold"] > 200
     # the network figures stay separate from the inference: probes lost after the cut are counted, not timed
     assert r["network"]["during"]["lost"] >= 1
