@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from edgeinfer.core.clock import SpinTail  # noqa: F401  (the replayer's spin tail, shared with the runtime node)
 from edgeinfer.sim.schedule import gap_report
 from edgeinfer.sim.stats import latency_summary_ms
 

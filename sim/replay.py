@@ -30,7 +30,7 @@ import zmq
 from rich.console import Console
 
 from edgeinfer.core import clock, transport
-from edgeinfer.core.clock import now_ns
+from edgeinfer.core.clock import SpinTail, now_ns
 from edgeinfer.core.lifecycle import InterruptSignals
 from edgeinfer.core.telemetry import stats_summary
 from edgeinfer.core.wire import ActionChunk, JointCommand, Observation, Start, Stats, Stop, encode
@@ -44,7 +44,7 @@ from edgeinfer.sim.config import ReplayConfig
 from edgeinfer.sim.faults import FaultInjector
 from edgeinfer.sim.host import measure_host, sched_state
 from edgeinfer.sim.metrics import summarize, write_ticks
-from edgeinfer.sim.pacing import SpinTail, scaled_period_ns, send_timing_report, should_skip
+from edgeinfer.sim.pacing import scaled_period_ns, send_timing_report, should_skip
 from edgeinfer.sim.plots import write_plots
 from edgeinfer.sim.preflight import check_run_fits, policy_shape
 from edgeinfer.sim.received import Chunks, Commands

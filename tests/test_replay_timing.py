@@ -11,11 +11,12 @@ import zmq
 from delivery import received
 
 from edgeinfer.core import transport
+from edgeinfer.core.clock import SpinTail
 from edgeinfer.core.wire import Observation, Start
 from edgeinfer.logs.arm_log import ArmLog, synthetic_log
 from edgeinfer.sim.config import ReplayConfig
 from edgeinfer.sim.faults import NetworkFaultConfig
-from edgeinfer.sim.pacing import SpinTail, scaled_period_ns, send_timing_report, should_skip
+from edgeinfer.sim.pacing import scaled_period_ns, send_timing_report, should_skip
 from edgeinfer.sim.replay import stream
 from edgeinfer.sim.schedule import tick_grid
 

@@ -170,6 +170,11 @@ def _match(names: list[str], pattern: str) -> list[int]:
     return [i for i, h in enumerate(names) if any(fnmatch.fnmatchcase(h, a) for a in alternatives)]
 
 
+def _time_column(names: list[str]) -> str | None:
+    """The header name that is a time column by its name (_TIME_NAMES, any letter case), or None."""
+    return next((h for n in _TIME_NAMES for h in names if h.casefold() == n), None)
+
+
 def _select(path: Path, header: list[str], cmap: dict, rate_hz: float | None, derive: str | None
             ) -> tuple[int | None, list[int], list[int]]:
     """Header indices of the time column (None with rate_hz), position and velocity columns. Raises LogError
@@ -179,14 +184,14 @@ def _select(path: Path, header: list[str], cmap: dict, rate_hz: float | None, de
     if rate_hz is None:
         t_name = cmap.get("t")
         if t_name is None:
-            t_name = next((h for n in _TIME_NAMES for h in names if h.casefold() == n), None)
+            t_name = _time_column(names)
         if t_name not in names:
             raise LogError(f"{path} line 1: no time column {t_name or '/'.join(_TIME_NAMES)!r} in {names}; name it "
                            "with t= in the column map (--columns), or set rate_hz (--rate-hz) for a log recorded "
                            "at a fixed rate")
         t_col = names.index(t_name)
     else:
-        found = next((h for n in _TIME_NAMES for h in names if h.casefold() == n), None)
+        found = _time_column(names)
         if found is not None:  # its stamps would be ignored: every gap and jitter in them silently lost
             raise LogError(f"{path} line 1: rate_hz is set but the log has a time column {found!r}; leave rate_hz "
                            "unset to replay its stamps (or rename the column if it is not time)")
