@@ -22,13 +22,12 @@ import torch
 
 from edgeinfer.core.clock import now_ns
 from edgeinfer.core.config import load, read_toml
-from edgeinfer.core.wire import ActionChunk, Observation
+from edgeinfer.core.wire import MAX_JOINTS, ActionChunk, Observation
 
 Source = Literal["q", "qd", "constant", "last_action"]  # where an observation field's x comes from
 SOURCES = typing.get_args(Source)
 _SOURCE_UNITS = {"q": "rad", "qd": "rad/s"}  # what the runtime hands in; constant/last_action units are free text
 _FORMAT_OF_SUFFIX = {".onnx": "onnx", ".pt": "torchscript", ".ts": "torchscript"}
-_MAX_JOINTS = 32  # the wire's bound on D
 
 
 class PolicyRunner(Protocol):
@@ -209,8 +208,8 @@ class ByoSpec:
             raise err("format", f"cannot infer from the suffix of {model_path.name}; set onnx or torchscript")
         if not model_path.is_file():
             raise err("model", f"no such file {model_path}")
-        if not 1 <= raw.n_joints <= _MAX_JOINTS:
-            raise err("n_joints", f"expected 1..{_MAX_JOINTS}, got {raw.n_joints}")
+        if not 1 <= raw.n_joints <= MAX_JOINTS:
+            raise err("n_joints", f"expected 1..{MAX_JOINTS}, got {raw.n_joints}")
         if not (np.isfinite(raw.rate_hz) and raw.rate_hz > 0):
             raise err("rate_hz", f"expected a finite positive number, got {raw.rate_hz}")
         if not raw.observation:

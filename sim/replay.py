@@ -17,7 +17,6 @@ headline figures count the log's rows only.
 """
 from __future__ import annotations
 
-import dataclasses
 import gc
 import math
 import os
@@ -129,7 +128,7 @@ def load_log(path: Path | None, fmt: str | None = None, **options) -> ArmLog:
 def first_seconds(log: ArmLog, duration_s: float) -> ArmLog:
     """The rows of `log` recorded in its first `duration_s` seconds (t_s < t_s[0] + duration_s; at least one)."""
     n = max(1, int(np.searchsorted(log.t_s, log.t_s[0] + duration_s, side="left")))
-    return dataclasses.replace(log, t_s=log.t_s[:n], q_rad=log.q_rad[:n], qd_rad_s=log.qd_rad_s[:n])
+    return log.rows(slice(0, n))
 
 
 def reader_options(cfg: ReplayConfig) -> dict:

@@ -26,7 +26,8 @@ RUNGS = ("full", "partial", "draft", "continue", "hold")
 MAX_HEADER_BYTES = 64 * 1024  # headers are a few hundred bytes; anything bigger is an attack or a bug
 MAX_FRAMES = 16
 _DTYPE = "<f8"  # the only array dtype on the wire: joint-space data is float64, little-endian
-_DIM_BOUNDS = {"D": (1, 32), "H": (0, 256)}  # inclusive; D = joints, H = chunk steps
+MAX_JOINTS = 64  # the most joints (D) a message carries: a full humanoid (a Fourier GR1 logs 44)
+_DIM_BOUNDS = {"D": (1, MAX_JOINTS), "H": (0, 256)}  # inclusive; D = joints, H = chunk steps
 MAX_STR = 4096  # characters in any string field
 MAX_ITEMS = 64  # entries in a map field (Stats counters, histograms) and ints in a histogram
 # What was wrong with a rejected message, for per-kind counters (WireError.kind):
@@ -396,7 +397,7 @@ def decode(frames: Sequence[Any]) -> Message:
     WireError, naming schema and field, for: wrong frame count (1..MAX_FRAMES, and one frame
     per array), oversized or non-msgpack header, header not a map, unknown schema, wrong
     version, missing/extra fields, wrong scalar types (bool is not int), rung not in RUNGS,
-    dtype other than "<f8", shape of wrong rank or outside D 1..32 / H 0..256 or disagreeing
+    dtype other than "<f8", shape of wrong rank or outside D 1..MAX_JOINTS / H 0..256 or disagreeing
     on D, an array frame whose length is not prod(shape) * 8, and a NaN or inf array value.
     """
     if not 1 <= len(frames) <= MAX_FRAMES:

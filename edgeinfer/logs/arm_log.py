@@ -11,8 +11,9 @@ Split (fixed by measurement number, never by random draw, so every model and rep
 """
 from __future__ import annotations
 
+import dataclasses
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
@@ -50,6 +51,10 @@ class ArmLog:
     reordered: records that arrived out of timestamp order in the file (the reader sorted them).
     qd_from_differences: True when the file had no velocities and qd_rad_s is a finite difference of q.
     q_from_integration: True when the file had no positions and q_rad is the integral of qd from 0 rad.
+    joint_names: (D,) the joints' names where the log names them (a JointState's name, a CSV header, a
+        LeRobot feature's names), else None.
+    extra: other numeric channels read with the joints, each (T, width) float64 row-aligned with t_s
+        (an IMU's angular velocity, a velocity command, ...); keys are the names observation specs use.
     Raises ValueError if shapes disagree.
     """
 
@@ -62,6 +67,8 @@ class ArmLog:
     reordered: int = 0
     qd_from_differences: bool = False
     q_from_integration: bool = False
+    joint_names: list[str] | None = None
+    extra: dict[str, np.ndarray] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.t_s.ndim != 1 or self.q_rad.ndim != 2 or self.q_rad.shape != self.qd_rad_s.shape:
@@ -69,6 +76,18 @@ class ArmLog:
                              f"{self.q_rad.shape}, {self.qd_rad_s.shape}")
         if self.q_rad.shape[0] != self.t_s.shape[0]:
             raise ValueError(f"{self.name}: {self.t_s.shape[0]} times but {self.q_rad.shape[0]} rows")
+        if self.joint_names is not None and len(self.joint_names) != self.q_rad.shape[1]:
+            raise ValueError(f"{self.name}: {len(self.joint_names)} joint names for {self.q_rad.shape[1]} joints")
+        for key, value in self.extra.items():
+            if value.ndim != 2 or value.shape[0] != self.t_s.shape[0]:
+                raise ValueError(f"{self.name}: extra channel {key!r} is {value.shape}, want ({len(self.t_s)}, width)")
+
+    def rows(self, index) -> ArmLog:
+        """The log restricted to rows `index` (a slice, an index array or a boolean mask over rows), every
+        row-aligned array (times, joints, extra channels) cut the same way."""
+        return dataclasses.replace(self, t_s=self.t_s[index], q_rad=self.q_rad[index],
+                                   qd_rad_s=self.qd_rad_s[index],
+                                   extra={k: v[index] for k, v in self.extra.items()})
 
     @property
     def rate_hz(self) -> float:

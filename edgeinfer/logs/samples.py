@@ -82,14 +82,15 @@ class Records:
                                     self.bad_record)
 
 
-def arm_log_from_records(name: str, source: str, where: str, unit: str, t_ns, q, qd, index, bad_record=None
-                         ) -> ArmLog:
+def arm_log_from_records(name: str, source: str, where: str, unit: str, t_ns, q, qd, index, bad_record=None,
+                         joint_names: list[str] | None = None, extra: dict | None = None) -> ArmLog:
     """Records in file order as an ArmLog, sorted by timestamp, t_s starting at 0.
 
     t_ns: (N,) int ns, any epoch; q, qd: (N, D) rad, rad/s, or None for the one the log lacks, derived after
     sorting (qd: np.gradient(q, t), second-order central differences inside, one-sided at the ends, numpy docs;
     q: the trapezoidal integral of qd from 0 rad, scipy.integrate.cumulative_trapezoid). index: (N,) how errors
     name each record (`unit` and its number, in file order); bad_record: where a truncating read stopped.
+    joint_names: (D,) or None; extra: {name: (N, width)} other channels in file order, sorted with the records.
     Raises LogError for fewer than 2 records or two records with the same timestamp.
     """
     cut = f" (truncated at {unit} {bad_record})" if bad_record is not None else ""
@@ -116,4 +117,6 @@ def arm_log_from_records(name: str, source: str, where: str, unit: str, t_ns, q,
         qd = np.gradient(q, t_s, axis=0) if qd_derived else np.asarray(qd, dtype=np.float64)[order]
     return ArmLog(name=name, t_s=t_s, q_rad=np.ascontiguousarray(q), qd_rad_s=np.ascontiguousarray(qd),
                   truncated_at_row=bad_record, source=source, reordered=reordered,
-                  qd_from_differences=qd_derived, q_from_integration=q_derived)
+                  qd_from_differences=qd_derived, q_from_integration=q_derived, joint_names=joint_names,
+                  extra={k: np.asarray(v, dtype=np.float64).reshape(len(order), -1)[order]
+                         for k, v in (extra or {}).items()})
