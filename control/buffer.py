@@ -11,7 +11,10 @@ the target the previous chunk would have given (the boundary jump: the two were 
 observations). With blend_ns > 0 the command moves from the previous chunk's target to the new one's
 linearly over blend_ns (a cross-fade, the simplest form of real-time chunking's continuity constraint,
 Black et al. 2025, arXiv 2506.07339), so the commanded jump at a boundary is a fraction of the raw one.
-Every boundary's raw jump (max over joints, rad) is kept in `jumps_rad` for the report.
+Each boundary's raw jump (max over joints, rad) is measured in O(1) memory: `boundaries` counts them,
+`jump_last_rad` and `jump_max_rad` keep the newest and the largest. Nothing is kept per boundary: a node runs
+for hours at some 50 boundaries a second, and the report's distribution of jumps comes from the replayer's
+recording (sim/boundaries.py).
 
 Plausibility: a chunk decodes from a well-formed message, yet its times may still be nonsense (a bit flipped in
 the observation it was planned from, which the runtime stamps into t_obs_ns). Ordered by anchor time, one chunk
@@ -76,11 +79,12 @@ class ChunkBuffer:
     max_lead_ns: how far ahead of the caller's clock a chunk's anchor may lie (None: the chunk's horizon; see
     `implausible`)."""
 
-    def __init__(self, keep: int = 4, blend_ns: int = 0, max_jumps: int = 100_000, max_lead_ns: int | None = None):
+    def __init__(self, keep: int = 4, blend_ns: int = 0, max_lead_ns: int | None = None):
         self._chunks: deque[ActionChunk] = deque(maxlen=keep)  # newest first
         self.blend_ns = blend_ns
         self.max_lead_ns = max_lead_ns
-        self.jumps_rad: deque[float] = deque(maxlen=max_jumps)
+        self.boundaries = 0  # chunk boundaries: a newer chunk took over from one that covered the tick
+        self.jump_last_rad = self.jump_max_rad = 0.0  # raw jump (max over joints) at the newest / largest boundary
         self._serving: ActionChunk | None = None  # the chunk the last sample came from
         self._fade: tuple[ActionChunk, int] | None = None  # (previous chunk, t of the switch) while blending
         self._t_ns: int | None = None  # the time of the last sample: the clock when offer() is given none
@@ -142,7 +146,9 @@ class ChunkBuffer:
         q_prev = target_at(previous, t_ns) if previous is not None else None
         if q_prev is None:
             return  # nothing was being followed here: no boundary to stitch
-        self.jumps_rad.append(float(np.max(np.abs(q - q_prev))))
+        self.boundaries += 1
+        self.jump_last_rad = float(np.max(np.abs(q - q_prev)))
+        self.jump_max_rad = max(self.jump_max_rad, self.jump_last_rad)
         if self.blend_ns > 0:
             self._fade = (previous, t_ns)
 

@@ -35,6 +35,7 @@ import zmq
 
 from edgeinfer.control.buffer import ChunkBuffer
 from edgeinfer.control.command import CommandCounters, command
+from edgeinfer.control.limits import resolve_limits
 from edgeinfer.control.safety import CommandConfig
 from edgeinfer.core import transport
 from edgeinfer.core.clock import Ticker, enter_realtime, now_ns
@@ -111,6 +112,11 @@ class ControlLoop:
 
     def __init__(self, cfg: ControlConfig, endpoints: transport.Endpoints, clock: Callable[[], int] = now_ns):
         self.cfg, self.endpoints, self.clock = cfg, endpoints, clock
+        # unset limits: from its URDF, else the defaults (control/limits.py; a replay passes every value)
+        resolved = resolve_limits(cfg.limits)
+        cfg.limits = resolved.limits
+        for warning in resolved.warnings:
+            print(f"control: limits: {warning}", flush=True)
         self.buffer = ChunkBuffer(blend_ns=int(cfg.blend_ms * 1e6))
         self.stats = ControlStats()
         self.last_q: np.ndarray | None = None

@@ -62,12 +62,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
 
-def _outputs(cfg, *logs: str) -> str:
-    """What a replay or hil run wrote into cfg.out, for its last line."""
+def _outputs(cfg, report: dict, *logs: str) -> str:
+    """What a replay or hil run wrote into cfg.out, for its last line (run.mcap: when its report says so)."""
     from edgeinfer.sim.plots import PLOT_FILES
 
     plots = PLOT_FILES if getattr(cfg, "plots", True) else ()  # hil always plots
-    return ", ".join(("report.json", "ticks.csv", *plots, *logs))
+    mcap = [f] if (f := (report.get("run_mcap") or {}).get("file")) else []
+    return ", ".join(("report.json", "ticks.csv", *plots, *mcap, *logs))
 
 
 def _print_graph(command: str, cfg) -> int:
@@ -95,7 +96,7 @@ def _run(args, parser) -> int:
         if cfg.dry_run:
             return _print_graph("replay", cfg)
         report = replay(cfg)
-        print(f"wrote {cfg.out}/: {_outputs(cfg, 'runtime.log', 'control.log')}")
+        print(f"wrote {cfg.out}/: {_outputs(cfg, report, 'runtime.log', 'control.log')}")
         if report["interrupted"]:
             return 130
         return 0 if all(code == 0 for code in report["process_exit_codes"].values()) else 1
@@ -147,7 +148,7 @@ def _run(args, parser) -> int:
         from edgeinfer.engines.policy import load_policy
 
         cfg = build(DistillConfig, args)
-        draft = distill(load_policy(), cfg)
+        draft = distill(load_policy(cfg.target), cfg)
         print(f"wrote {cfg.out}; held-out: {draft.manifest.get('metrics_held_out')}")
         return 0
     if args.command == "compare":
@@ -161,7 +162,7 @@ def _run(args, parser) -> int:
         if cfg.dry_run:
             return _print_graph("hil", cfg)
         report = hil(cfg)
-        print(f"wrote {cfg.out}/: {_outputs(cfg, 'control.log')}")
+        print(f"wrote {cfg.out}/: {_outputs(cfg, report, 'control.log')}")
         return 130 if report["interrupted"] else (0 if report["process_exit_codes"]["control"] == 0 else 1)
     if args.command == "sweep":
         from edgeinfer.sim.sweep import SweepConfig, sweep

@@ -3,12 +3,17 @@
 The spec names the model file, the policy rate, how the observation vector is built from the robot state
 (ordered fields), and how the raw action becomes joint targets:
 
-    obs    = concat_i((x_i - offset_i) * scale_i)   x_i: q (rad), qd (rad/s), a constant, or the last action
+    obs    = concat_i((x_i - offset_i) * scale_i)   x_i from the field's source (below)
     target = action.offset + action.scale * raw      (rad)
 
-last_action is the raw policy output of the previous step (zero after a reset), as in Isaac Lab. A stateful
-TorchScript policy keeps its hidden state in module buffers (Isaac Lab's recurrent export does); `reset()`
-restores every buffer to its value at load time. Example: launch/ur10_reach_policy.toml.
+Sources: q (rad), qd (rad/s), a constant, last_action (the raw policy output of the previous step, zero after a
+reset, as in Isaac Lab), channel (an extra channel of the observation, Observation.extra: an IMU's angular
+velocity, the gravity direction in the base frame, a velocity command; all of it, or the elements `select`
+names), and phase: [sin(2 pi t / T), cos(2 pi t / T)], T = period_s, t = the observation's time since the
+episode's first observation (its t_ns; the episode starts at load and at each reset()), the gait clock of
+legged policies (unitree_rl_gym, rl_sar). A stateful TorchScript policy keeps its hidden state in module buffers
+(Isaac Lab's recurrent export does); `reset()` restores every buffer to its value at load time. Examples:
+launch/ur10_reach_policy.toml (an arm), launch/legged_example.toml (IMU, command and phase).
 """
 from __future__ import annotations
 
@@ -22,9 +27,18 @@ import torch
 
 from edgeinfer.core.clock import now_ns
 from edgeinfer.core.config import load, read_toml
-from edgeinfer.core.wire import MAX_JOINTS, ActionChunk, Observation
+from edgeinfer.core.wire import (
+    CHANNEL_NAME,
+    MAX_EXTRA,
+    MAX_JOINTS,
+    ActionChunk,
+    Observation,
+    ObservationMismatch,
+    pack_channels,
+)
 
-Source = Literal["q", "qd", "constant", "last_action"]  # where an observation field's x comes from
+# where an observation field's x comes from
+Source = Literal["q", "qd", "constant", "last_action", "channel", "phase"]
 SOURCES = typing.get_args(Source)
 _SOURCE_UNITS = {"q": "rad", "qd": "rad/s"}  # what the runtime hands in; constant/last_action units are free text
 _FORMAT_OF_SUFFIX = {".onnx": "onnx", ".pt": "torchscript", ".ts": "torchscript"}
@@ -108,7 +122,8 @@ RUNNERS: dict[str, type] = {"onnx": OnnxRunner, "torchscript": TorchScriptRunner
 @dataclass
 class ObsField:
     """One observation field: (x - offset) * scale, x taken from `source`. offset, scale: (width,) float64;
-    value: (width,) float64 for source "constant", else None."""
+    value: (width,) float64 for source "constant", else None. channel, select: source "channel"'s channel name
+    and the (width,) int64 elements taken (None: all of it, `width` values); period_s: source "phase"'s T."""
 
     name: str
     source: str
@@ -117,6 +132,9 @@ class ObsField:
     offset: np.ndarray
     scale: np.ndarray
     value: np.ndarray | None = None
+    channel: str | None = None
+    select: np.ndarray | None = None
+    period_s: float | None = None
 
 
 @dataclass
@@ -134,11 +152,17 @@ class ObservationTable:
     """One [[observation]] table of a spec file, as written (ObsField is the checked form)."""
 
     name: str  # the field's name, for errors and reports
-    source: Source  # where x comes from: q (rad), qd (rad/s), a constant, or the last action
-    units: str  # x's units: "rad" for q, "rad/s" for qd, free text for constant and last_action
+    # where x comes from: q (rad), qd (rad/s), a constant, the last action, an extra channel, the phase clock
+    source: Source
+    units: str  # x's units: "rad" for q, "rad/s" for qd, free text for the others
     offset: float | list[float] = 0.0  # subtracted from x: one number for every entry, or one per entry
     scale: float | list[float] = 1.0  # multiplies x - offset: one number for every entry, or one per entry
     value: list[float] | None = None  # x for source "constant" (its length is the field's width)
+    channel: str | None = None  # source "channel": the observation's extra channel (e.g. "imu.ang_vel")
+    # source "channel": its elements taken, 0-based, in order (None: the whole channel, `width` values)
+    select: list[int] | None = None
+    width: int | None = None  # source "channel": the values taken (the channel's width without `select`)
+    period_s: float | None = None  # source "phase": the gait period T, s; x = [sin(2 pi t / T), cos(2 pi t / T)]
 
 
 @dataclass
@@ -184,6 +208,35 @@ class ByoSpec:
     @property
     def n_obs(self) -> int:
         return sum(f.width for f in self.observation)
+
+    def channels(self) -> dict[str, int]:
+        """{channel: the fewest values it must have} for every channel a field reads, in field order."""
+        need: dict[str, int] = {}
+        for f in self.observation:
+            if f.source == "channel":
+                n = f.width if f.select is None else int(f.select.max()) + 1
+                need[f.channel] = max(need.get(f.channel, 0), n)
+        return need
+
+    def check_channels(self, widths: dict[str, int], where: str) -> None:
+        """Check the channels a source provides ({name: width}: a log's extra channels, an observation's layout;
+        `where` names the source) against the fields that read them. Raises ObservationMismatch (a ValueError)
+        naming the spec file, the field, the channel and `where`: a channel missing, a whole channel of another
+        width, an element past its end."""
+        for i, f in enumerate(self.observation):
+            if f.source != "channel":
+                continue
+            at = f"{self.path.name}: observation[{i}] ({f.name})"
+            if f.channel not in widths:
+                raise ObservationMismatch(f"{at}: channel {f.channel!r} is not in {where} (its channels: "
+                                          f"{sorted(widths) or 'none'}; a log's channels are read with --extra)")
+            n = widths[f.channel]
+            if f.select is None and n != f.width:
+                raise ObservationMismatch(f"{at}.width: {f.width}, but channel {f.channel!r} of {where} has {n} "
+                                          "values (set select to take some of them)")
+            if f.select is not None and int(f.select.max()) >= n:
+                raise ObservationMismatch(f"{at}.select: element {int(f.select.max())} is past channel "
+                                          f"{f.channel!r} of {where}, which has {n} values")
 
     @classmethod
     def load(cls, path: str | Path, model: str | Path | None = None) -> ByoSpec:
@@ -237,27 +290,46 @@ class ByoPolicy:
         self.runner.reset()
         self.last_action[:] = 0.0
 
-    def observation(self, q_rad: np.ndarray, qd_rad_s: np.ndarray) -> np.ndarray:
-        """The model input (1, n_obs) float32 for joint positions/velocities (n_joints,) rad, rad/s.
-        Raises ValueError for a wrong shape."""
+    def observation(self, q_rad: np.ndarray, qd_rad_s: np.ndarray, channels: dict[str, np.ndarray] | None = None,
+                    t_s: float = 0.0) -> np.ndarray:
+        """The model input (1, n_obs) float32 for joint positions/velocities (n_joints,) rad, rad/s, the extra
+        channels {name: (width,) float64} (Observation.channels()) and the time since the episode's start t_s (s,
+        for phase fields). Raises ValueError for a wrong shape, ObservationMismatch (a ValueError) naming the
+        field for a channel missing or of another width (ByoSpec.check_channels)."""
         d = self.spec.n_joints
         state = {"q": np.asarray(q_rad, np.float64), "qd": np.asarray(qd_rad_s, np.float64),
                  "last_action": self.last_action}
         if state["q"].shape != (d,) or state["qd"].shape != (d,):
             raise ValueError(f"{self.spec.path.name}: want q, qd of shape ({d},), got "
                              f"{state['q'].shape}, {state['qd'].shape}")
-        parts = [((f.value if f.source == "constant" else state[f.source]) - f.offset) * f.scale
-                 for f in self.spec.observation]
+        channels = channels or {}
+        parts = []
+        for f in self.spec.observation:
+            if f.source == "constant":
+                x = f.value
+            elif f.source == "phase":
+                angle = 2.0 * np.pi * t_s / f.period_s
+                x = np.array([np.sin(angle), np.cos(angle)])
+            elif f.source == "channel":
+                x = channels.get(f.channel)
+                if x is None or (x.size != f.width if f.select is None else x.size <= f.select.max()):
+                    self.spec.check_channels({k: v.size for k, v in channels.items()}, "the observation")
+                x = x if f.select is None else x[f.select]
+            else:
+                x = state[f.source]
+            parts.append((x - f.offset) * f.scale)
         return np.concatenate(parts).astype(np.float32)[None, :]
 
-    def act(self, q_rad: np.ndarray, qd_rad_s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """One policy step from q (n_joints,) rad, qd (n_joints,) rad/s.
+    def act(self, q_rad: np.ndarray, qd_rad_s: np.ndarray, channels: dict[str, np.ndarray] | None = None,
+            t_s: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
+        """One policy step from q (n_joints,) rad, qd (n_joints,) rad/s, the extra channels and the time since
+        the episode's start t_s, s (see observation).
 
         Returns (joint target (n_joints,) float64 rad, raw action (n_joints,) float32); the raw action is
         the next step's last_action. Raises ValueError naming the spec for a wrong input shape or a
-        non-finite model output.
+        non-finite model output, ObservationMismatch for a channel that does not fit.
         """
-        raw = self.runner(self.observation(q_rad, qd_rad_s))[0].astype(np.float32)
+        raw = self.runner(self.observation(q_rad, qd_rad_s, channels, t_s))[0].astype(np.float32)
         if not np.all(np.isfinite(raw)):
             raise ValueError(f"{self.spec.path.name}: the model returned a non-finite action {raw}")
         self.last_action = raw.copy()
@@ -275,6 +347,7 @@ class ByoRuntime:
         self.step_ns = round(1e9 / self.spec.rate_hz)  # one policy period
         self.warmup_steps = warmup_steps
         self.n_chunks = 0
+        self.t0_ns: int | None = None  # t_ns of the episode's first observation (phase fields count from it)
 
     def chunk_timing(self, period_ns: int) -> tuple[int, int]:
         """(control ticks between policy steps, rounded: 8 for a 30 Hz policy at 250 Hz, i.e. 31.25 Hz; the
@@ -282,13 +355,17 @@ class ByoRuntime:
         return max(1, round(1e9 / period_ns / self.spec.rate_hz)), self.step_ns
 
     def warmup_observation(self) -> Observation:
-        """The robot at its default joint positions (the action offset), at rest."""
+        """The robot at its default joint positions (the action offset), at rest, every channel the spec reads
+        at zero."""
         q = self.spec.action.offset.astype(np.float64)
-        return Observation(0, now_ns(), q, np.zeros_like(q), q)
+        zeros = pack_channels({name: np.zeros(n) for name, n in self.spec.channels().items()})
+        return Observation(0, now_ns(), q, np.zeros_like(q), q, *zeros)
 
     def reset(self) -> None:
-        """New episode: recurrent state and last action back to their start. Chunk numbering continues."""
+        """New episode: recurrent state, last action and the phase clock back to their start. Chunk numbering
+        continues."""
         self.policy.reset()
+        self.t0_ns = None
 
     def warmup(self, obs: Observation) -> None:
         """Run a few steps so that the runtime's first-call costs are paid, then reset the episode."""
@@ -300,9 +377,13 @@ class ByoRuntime:
     def step(self, obs: Observation, t_start_ns: int | None = None, step_ns: int | None = None,
              budget: bool = True) -> ActionChunk:
         """The chunk for `obs`: steps_rad (2, D) = [obs.q_rad, target], step_ns (default one policy period)
-        apart. A single forward pass has nothing to cut short, so t_start_ns and budget are accepted for the
-        serve loop's sake and unused. Raises ValueError as ByoPolicy.act."""
-        target, _ = self.policy.act(obs.q_rad, obs.qd_rad_s)
+        apart; obs's extra channels feed the channel fields, its time since the episode's first observation the
+        phase fields. A single forward pass has nothing to cut short, so t_start_ns and budget are accepted for
+        the serve loop's sake and unused. Raises ValueError as ByoPolicy.act (ObservationMismatch, a ValueError,
+        for an observation without a channel the spec reads: the episode's clock is then not started by it)."""
+        t0_ns = obs.t_ns if self.t0_ns is None else self.t0_ns
+        target, _ = self.policy.act(obs.q_rad, obs.qd_rad_s, obs.channels(), (obs.t_ns - t0_ns) / 1e9)
+        self.t0_ns = t0_ns
         self.n_chunks += 1
         return ActionChunk(
             seq=self.n_chunks, obs_seq=obs.seq, t_obs_ns=obs.t_ns, t_ready_ns=now_ns(),
@@ -310,20 +391,48 @@ class ByoRuntime:
             rung="full", tokens=0, target_passes=1, drafted=0, accepted=0)
 
 
+_ONLY_FOR = {"value": "constant", "channel": "channel", "select": "channel", "width": "channel", "period_s": "phase"}
+
+
 def _obs_field(t: ObservationTable, n_joints: int, err: _Errors, at: str) -> ObsField:
     if t.source in _SOURCE_UNITS and t.units != _SOURCE_UNITS[t.source]:
         raise err(f"{at}.units", f"source {t.source!r} is in {_SOURCE_UNITS[t.source]!r}, got {t.units!r}")
-    value = None
+    for key, source in _ONLY_FOR.items():
+        if getattr(t, key) is not None and t.source != source:
+            raise err(f"{at}.{key}", f"only for source {source!r}, not {t.source!r}")
+    value = select = None
+    width = n_joints
     if t.source == "constant":
         if t.value is None:
             raise err(f"{at}.value", "missing")
         value = _numbers(t.value, None, err, f"{at}.value")
-    elif t.value is not None:
-        raise err(f"{at}.value", f"only for source 'constant', not {t.source!r}")
-    width = n_joints if value is None else len(value)
+        width = len(value)
+    elif t.source == "phase":
+        if t.period_s is None or not (np.isfinite(t.period_s) and t.period_s > 0):
+            raise err(f"{at}.period_s", f"expected the gait period, a finite positive number of s, got {t.period_s}")
+        width = 2
+    elif t.source == "channel":
+        select, width = _channel(t, err, at)
     return ObsField(name=t.name, source=t.source, units=t.units, width=width,
                     offset=_numbers(t.offset, width, err, f"{at}.offset"),
-                    scale=_numbers(t.scale, width, err, f"{at}.scale"), value=value)
+                    scale=_numbers(t.scale, width, err, f"{at}.scale"), value=value, channel=t.channel,
+                    select=select, period_s=t.period_s)
+
+
+def _channel(t: ObservationTable, err: _Errors, at: str) -> tuple[np.ndarray | None, int]:
+    """(select as (width,) int64 or None, width) of a "channel" field. Raises ValueError naming the key."""
+    if t.channel is None or not CHANNEL_NAME.fullmatch(t.channel):
+        raise err(f"{at}.channel", f"expected a channel name (letters, digits, _ . -), got {t.channel!r}")
+    if t.select is None:
+        if t.width is None or not 1 <= t.width <= MAX_EXTRA:
+            raise err(f"{at}.width", f"expected the channel's width, 1..{MAX_EXTRA} (or select some of its elements), "
+                                     f"got {t.width}")
+        return None, t.width
+    if not t.select or not all(isinstance(i, int) and 0 <= i < MAX_EXTRA for i in t.select):
+        raise err(f"{at}.select", f"expected element indices 0..{MAX_EXTRA - 1}, got {t.select!r}")
+    if t.width is not None and t.width != len(t.select):
+        raise err(f"{at}.width", f"{t.width}, but select takes {len(t.select)} elements")
+    return np.array(t.select, dtype=np.int64), len(t.select)
 
 
 def _action(t: ActionTable, n_joints: int, err: _Errors) -> ActionMap:

@@ -1,15 +1,17 @@
 """Distil a small draft model from the target, for the `learned` drafter (engines/drafters.py).
 
-    edgeinfer distill --data ../shared/data/schunk_lwa4p --seed 0
+    edgeinfer distill --target out/policies/reachy2_lerobot_v30_target.json --seed 0
 
 The student is an ActionTransformer of a smaller config with the target's observation layout, horizon,
 tokenizer and normalisation, so that its tokens mean the target's. Data: the real observations of the
-target's TRAINING runs (the same split as engines/train.py), each with the target's own greedy chunk
+target's TRAINING units (by default the data, reader options and split its manifest records; the Schunk
+recordings with their fixed split for the shipped target, whose manifest has no "data"; engines/fit_data.py),
+each with the target's own greedy chunk
 (teacher forcing on the tokens the drafter will have to predict). Loss: KL(target || draft) over the
 n_bins logits at every position, the target's logits from one cache-free batched pass (`model(obs, tokens)`)
 per step. Distillation for drafters: DistillSpec (Zhou et al. 2024, arXiv 2310.08461).
 
-Metrics, on the held-out runs: teacher-forced agreement with the target's greedy tokens, and the
+Metrics, on the held-out units: teacher-forced agreement with the target's greedy tokens, and the
 acceptance rate of greedy drafts at k drafts per target pass, which follows exactly from those agreements
 (a draft is kept iff the ones before it were and it equals the target's token; see acceptance_at_k).
 """
@@ -25,18 +27,27 @@ import torch
 import torch.nn.functional as F
 from rich.progress import Progress
 
-from edgeinfer.engines.drafters import DEFAULT_DRAFT, early_exit_policy
+from edgeinfer.engines.drafters import early_exit_policy
 from edgeinfer.engines.evaluate import greedy_decode_batch
+from edgeinfer.engines.fit_data import SCHUNK_DATA, FitData, load_fit_data
 from edgeinfer.engines.model import ActionTransformer, PolicyConfig
+from edgeinfer.engines.paths import DEFAULT_POLICY, TRAINED_DIR, check_writable
 from edgeinfer.engines.policy import Policy
-from edgeinfer.engines.train import FitConfig, load_split
+from edgeinfer.engines.train import FitConfig, warmup_fraction
 
 
 @dataclass(kw_only=True)
 class DistillConfig(FitConfig):
-    """Distillation of the learned drafter from the target (training runs distil, held-out runs measure)."""
+    """Distillation of the learned drafter from the target (training units distil, held-out units measure)."""
 
-    out: Path = DEFAULT_DRAFT  # manifest JSON of the draft (weights next to it, `.pt`)
+    target: Path = DEFAULT_POLICY  # manifest JSON of the target distilled from (`edgeinfer train --out`)
+    # The logs (as `edgeinfer train --data`; None: the data, reader options and split of the target's manifest,
+    # the Schunk recordings for the shipped target).
+    data: Path | None = None
+    # Manifest JSON of the draft, weights next to it (`.pt`) (None: out/policies/<target name>_draft.json under
+    # the working directory, the target's name without "_target"). Never engines/weights/ without
+    # --overwrite-shipped.
+    out: Path | None = None
     lr: float = 6e-3  # peak learning rate (AdamW)
     d_model: int = 64  # the student's width
     n_layers: int = 1  # the student's transformer blocks
@@ -46,7 +57,10 @@ class DistillConfig(FitConfig):
 
     def __post_init__(self):
         super().__post_init__()
-        self.out = Path(self.out)
+        self.target = Path(self.target)
+        name = self.target.stem.removesuffix("_target")
+        self.out = Path(self.out) if self.out is not None else TRAINED_DIR / f"{name}_draft.json"
+        check_writable(self.out, self.overwrite_shipped)
         if self.eval_k < 1:
             raise ValueError(f"DistillConfig.eval_k must be >= 1, got {self.eval_k}")
         PolicyConfig(d_model=self.d_model, n_layers=self.n_layers, n_heads=self.n_heads)  # raises on a bad shape
@@ -106,16 +120,37 @@ def student(target: Policy, cfg: DistillConfig) -> ActionTransformer:
     return early_exit_policy(target, cfg.n_layers).model.train()
 
 
+def target_data(target: Policy, cfg: DistillConfig) -> FitData:
+    """The data a draft of `target` is distilled on: cfg.data read with cfg's reader options and --held-out
+    when given; else the data the target's manifest records (source, format, reader options, --held-out),
+    which must still give the target's split; else (the shipped target has no "data") the Schunk recordings.
+    Raises ValueError when the recorded data now splits differently, and as load_fit_data."""
+    if cfg.data is not None:
+        return load_fit_data(cfg)
+    recorded = target.manifest.get("data")
+    if recorded is None:
+        return load_fit_data(dataclasses.replace(cfg, data=SCHUNK_DATA))
+    split = recorded["split"]
+    fmt = recorded["format"] if "+" not in recorded["format"] else None  # a folder of several formats: detect
+    data = load_fit_data(dataclasses.replace(cfg, data=Path(recorded["source"]), log_format=fmt,
+                                             held_out=split["held_out_option"], **recorded["reader_options"]))
+    now = data.manifest(0, 0)["split"]
+    if (now["train"], now["held_out"]) != (split["train"], split["held_out"]):
+        raise ValueError(f"{recorded['source']} no longer splits as the target {cfg.target} was trained "
+                         f"(held out now {now['held_out']}, then {split['held_out']}); pass --data")
+    return data
+
+
 def distill(target: Policy, cfg: DistillConfig) -> Policy:
-    """Train the draft model, measure it on the held-out runs, save it to cfg.out (Policy.save format with
+    """Train the draft model, measure it on the held-out units, save it to cfg.out (Policy.save format with
     "distilled_from": the target's weights sha256, and "metrics_held_out"); returns it. About 3 minutes on
-    a 2-core CPU with the defaults. Raises FileNotFoundError when cfg.data_dir holds no recordings."""
+    a 2-core CPU with the defaults on the Schunk recordings. Raises as target_data for data it cannot use."""
     cfg.out.parent.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(cfg.seed)
     rng = np.random.default_rng(cfg.seed)
     t0 = time.monotonic()
-    data = load_split(cfg.data_dir, target.cfg.horizon, target.cfg.stride_ticks)
-    feats, _, train_runs = data["train"]
+    data = target_data(target, cfg)
+    feats, _ = data.windows("train", target.cfg.horizon, target.cfg.stride_ticks)
     x = torch.as_tensor(target.normalise(feats))
     y = target_tokens(target.model, x)
     log_p_all = teacher_log_probs(target.model, x, y)
@@ -123,7 +158,7 @@ def distill(target: Policy, cfg: DistillConfig) -> Policy:
     model = student(target, cfg)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.01)
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=cfg.lr, total_steps=cfg.steps,
-                                                pct_start=min(0.3, max(0.05, 3 / cfg.steps)))
+                                                pct_start=warmup_fraction(cfg.steps))
     with Progress() as progress:
         task = progress.add_task("distilling draft", total=cfg.steps)
         for _ in range(cfg.steps):
@@ -137,7 +172,7 @@ def distill(target: Policy, cfg: DistillConfig) -> Policy:
             sched.step()
             progress.update(task, advance=1, description=f"distilling draft  KL {loss.item():.3f}")
     model.eval()
-    ho_feats, _, ho_runs = data["held_out"]
+    ho_feats, _ = data.windows("held_out", target.cfg.horizon, target.cfg.stride_ticks)
     ho_x = torch.as_tensor(target.normalise(ho_feats))
     agree = agreement(model, ho_x, target_tokens(target.model, ho_x))
     metrics = {"windows": int(len(ho_x)), "teacher_forced_agreement": float(agree.mean()), "k": cfg.eval_k,
@@ -145,8 +180,7 @@ def distill(target: Policy, cfg: DistillConfig) -> Policy:
     draft = Policy(model, target.tokenizer, target.feat_mean, target.feat_std, manifest={})
     draft.save(cfg.out, {
         "distilled_from": target.manifest["sha256"],
-        "split": {"rule": "held_out = measurement numbers n with n % 5 == 1", "train": train_runs,
-                  "held_out": ho_runs, "train_windows": int(len(x)), "held_out_windows": int(len(ho_x))},
+        "data": data.manifest(len(x), len(ho_x)),
         "distill": {"seed": cfg.seed, "steps": cfg.steps, "batch_size": cfg.batch_size, "lr": cfg.lr,
                     "init_from_target": cfg.init_from_target,
                     "loss": "KL(target || draft), teacher forcing on the target's greedy tokens",

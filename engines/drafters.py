@@ -241,18 +241,29 @@ def _learned(policy, path: Path | str = DEFAULT_DRAFT, backend: str | None = Non
     return ModelDrafter("learned", engine, draft, max_passes)
 
 
+def _model(policy, device: str = "cpu") -> Drafter:
+    """A factory policy's draft model (engines/factory.py) through the model protocol, on `device`."""
+    from edgeinfer.engines.model_protocol import EngineDrafter
+
+    return EngineDrafter(policy.open_draft_engine(device), policy.draft.features)
+
+
 DRAFTERS: dict[str, Callable[..., Drafter]] = {
     "kinematic": lambda policy: KinematicDrafter(policy.tokenizer),
     "early-exit": _early_exit,
     "learned": _learned,
+    "model": _model,
 }
 
 
 def make_drafter(name: str, policy, **kwargs) -> Drafter:
-    """Build a drafter by registry name for `policy` (edgeinfer.engines.policy.Policy), with the factory's
-    options: early-exit (n_layers=1), learned (path=DEFAULT_DRAFT); both take backend (None: default_backend()),
-    max_passes (default 1, see ModelDrafter) and load_engine's options (e.g. cache, log for onnxruntime).
-    Raises KeyError naming the known drafters."""
+    """Build a drafter by registry name for `policy` (edgeinfer.engines.policy.Policy, or a factory policy:
+    engines/factory.py), with the factory's options: early-exit (n_layers=1), learned (path=DEFAULT_DRAFT); both
+    take backend (None: default_backend()), max_passes (default 1, see ModelDrafter) and load_engine's options
+    (e.g. cache, log for onnxruntime); model (device="cpu"). Raises KeyError naming the known drafters, ValueError
+    for one that does not apply to the policy (policy.drafters)."""
     if name not in DRAFTERS:
         raise KeyError(f"unknown drafter {name!r}; known: {sorted(DRAFTERS)}")
+    if name not in policy.drafters:
+        raise ValueError(f"drafter {name!r} does not apply to this policy; its drafters: {list(policy.drafters)}")
     return DRAFTERS[name](policy, **kwargs)

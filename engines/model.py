@@ -18,8 +18,21 @@ import torch.nn.functional as F
 from torch import nn
 
 
+class ChunkShape:
+    """The token layout of a config with `horizon` (chunk steps) and `n_joints`: n_tokens = horizon * n_joints
+    action tokens, step-major, after one observation position (seq_len = 1 + n_tokens)."""
+
+    @property
+    def n_tokens(self) -> int:
+        return self.horizon * self.n_joints
+
+    @property
+    def seq_len(self) -> int:
+        return 1 + self.n_tokens
+
+
 @dataclass
-class PolicyConfig:
+class PolicyConfig(ChunkShape):
     """Shape of the policy. obs_dim features; horizon H steps of n_joints D joints; n_bins per joint."""
 
     obs_dim: int = 18
@@ -37,14 +50,6 @@ class PolicyConfig:
         for name in ("obs_dim", "n_joints", "horizon", "stride_ticks", "n_bins", "n_layers"):
             if getattr(self, name) < 1:
                 raise ValueError(f"PolicyConfig.{name} must be >= 1, got {getattr(self, name)}")
-
-    @property
-    def n_tokens(self) -> int:
-        return self.horizon * self.n_joints
-
-    @property
-    def seq_len(self) -> int:
-        return 1 + self.n_tokens
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -41,7 +41,7 @@ with a ProtocolViolation naming the clause, instead of decoding it silently wron
 """
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 import torch
@@ -143,8 +143,10 @@ class TorchModuleEngine:
 class EngineDrafter:
     """Drafter decoding greedily with a draft model behind an Engine, e.g. a smaller llama through
     TorchModuleEngine: start(prefix) prefills the draft with the target's prefix (prompt or observation),
-    then propose(tokens, k) as engines/drafters.py's Drafter (which the runtime resets from joint states
-    instead; see drafters.ModelDrafter for that).
+    then propose(tokens, k) as engines/drafters.py's Drafter. With features (the draft's featurizer,
+    (q_rad, qd_rad_s, q_prev_rad) -> its prefix), reset(q_rad, qd_rad_s, q_prev_rad) takes the chunk's joint
+    state as the runtime gives it, and the prefill waits for the first proposal (a chunk that does not
+    speculate costs nothing here): the `model` drafter of a factory policy (engines/factory.py).
 
     The draft cache follows the committed prefix: `_fed` holds the tokens cached at engine positions
     1..len(_fed), `_rows` the logits row of every cached position. propose(tokens, k), n = len(tokens):
@@ -155,17 +157,27 @@ class EngineDrafter:
 
     name = "model"
 
-    def __init__(self, engine):
-        self.engine = engine
+    def __init__(self, engine, features: Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray] | None = None):
+        self.engine, self.features = engine, features
         self._fed: list[int] = []
         self._rows: list[np.ndarray] = []  # row p predicts token p (engine positions)
+        self._prefix: np.ndarray | None = None  # reset's prefix until the first proposal prefills it
+
+    def reset(self, q_rad: np.ndarray, qd_rad_s: np.ndarray, q_prev_rad: np.ndarray) -> None:
+        """The chunk's joint state, (D,) float64 each. Raises ValueError without features."""
+        if self.features is None:
+            raise ValueError("EngineDrafter.reset needs features= (the draft's featurizer); or call start(prefix)")
+        self._prefix = self.features(q_rad, qd_rad_s, q_prev_rad)
 
     def start(self, prefix: np.ndarray) -> None:
         self.engine.rollback(0)
         self._rows = [self.engine.forward(prefix, (), 0)[-1]]
         self._fed = []
+        self._prefix = None
 
     def propose(self, tokens: Sequence[int], k: int) -> list[int]:
+        if self._prefix is not None:
+            self.start(self._prefix)
         n, m = len(tokens), 0
         while m < min(n, len(self._fed)) and self._fed[m] == tokens[m]:
             m += 1

@@ -1,6 +1,16 @@
-"""Where the shipped weights live, importable without torch (nodes that only read a manifest, such as the
-replayer and the control loop, never load torch)."""
+"""Where the shipped weights live, and where trained ones go: importable without torch (nodes that only read a
+manifest, such as the replayer and the control loop, never load torch)."""
 from pathlib import Path
 
 WEIGHTS_DIR = Path(__file__).resolve().parent / "weights"
 DEFAULT_POLICY = WEIGHTS_DIR / "schunk_target.json"  # the Schunk action-token target's manifest
+TRAINED_DIR = Path("out") / "policies"  # default folder of `edgeinfer train` / `distill` outputs, under the cwd
+
+
+def check_writable(out: Path, overwrite_shipped: bool) -> None:
+    """Refuse to write a manifest (and its weights) into the package's WEIGHTS_DIR, which holds the shipped
+    policies every default run loads, unless `overwrite_shipped` (regenerating them on purpose).
+    Raises ValueError naming the path."""
+    if not overwrite_shipped and WEIGHTS_DIR in Path(out).resolve().parents:
+        raise ValueError(f"--out {out} is in the shipped weights folder {WEIGHTS_DIR}: refusing to overwrite the "
+                         "shipped policies; pass --overwrite-shipped to regenerate them on purpose")

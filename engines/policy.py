@@ -3,6 +3,9 @@
 Weights are a torch state dict loaded with `torch.load(weights_only=True)`; everything else (config,
 tokenizer bins, normalisation, data split, metrics) lives in a JSON manifest next to them, with the
 sha256 of the weights file checked on load.
+
+A manifest with a "factory" key describes a bring-your-own autoregressive policy instead (engines/factory.py);
+engines/served.py loads either kind for the runtime.
 """
 from __future__ import annotations
 
@@ -10,6 +13,7 @@ import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 import torch
@@ -25,6 +29,23 @@ def observation_features(q_rad: np.ndarray, qd_rad_s: np.ndarray, q_prev_rad: np
     return np.concatenate([q_rad, qd_rad_s, q_rad - q_prev_rad], axis=-1)
 
 
+@dataclass(frozen=True)
+class Normaliser:
+    """The built-in policy's featurizer: observation_features, minus mean, over std ((3D,) float64 each, fitted on
+    the training windows). Call it with (q_rad, qd_rad_s, q_prev_rad) (..., D) -> (..., 3D) float32; a factory
+    policy may return one as its features (engines/factory.py)."""
+
+    mean: np.ndarray
+    std: np.ndarray
+
+    def normalise(self, feats: np.ndarray) -> np.ndarray:
+        """Model input (..., 3D) float32 from raw features (..., 3D) (see observation_features)."""
+        return ((feats - self.mean) / self.std).astype(np.float32)
+
+    def __call__(self, q_rad, qd_rad_s, q_prev_rad) -> np.ndarray:
+        return self.normalise(observation_features(q_rad, qd_rad_s, q_prev_rad))
+
+
 @dataclass
 class Policy:
     """A trained action-token policy. `model` is the target; decode with edgeinfer.core.speculative."""
@@ -34,6 +55,7 @@ class Policy:
     feat_mean: np.ndarray  # (obs_dim,)
     feat_std: np.ndarray  # (obs_dim,)
     manifest: dict
+    drafters: ClassVar[tuple[str, ...]] = ("kinematic", "early-exit", "learned")  # those that apply (drafters.py)
 
     @property
     def cfg(self) -> PolicyConfig:
@@ -41,11 +63,16 @@ class Policy:
 
     def normalise(self, feats: np.ndarray) -> np.ndarray:
         """Model input (..., obs_dim) float32 from raw features (..., obs_dim) (see observation_features)."""
-        return ((feats - self.feat_mean) / self.feat_std).astype(np.float32)
+        return Normaliser(self.feat_mean, self.feat_std).normalise(feats)
 
     def features(self, q_rad, qd_rad_s, q_prev_rad) -> np.ndarray:
         """Normalised observation (obs_dim,) float32 from (D,) arrays (rad, rad/s, rad)."""
-        return self.normalise(observation_features(q_rad, qd_rad_s, q_prev_rad))
+        return Normaliser(self.feat_mean, self.feat_std)(q_rad, qd_rad_s, q_prev_rad)
+
+    def warmup_state(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(q_rad, qd_rad_s, q_prev_rad) (D,) float64 at the training data's mean, for the warm-up decodes."""
+        d, mean = self.cfg.n_joints, self.feat_mean
+        return mean[:d], mean[d:2 * d], mean[:d] - mean[2 * d:3 * d]
 
     def save(self, manifest_path: Path, extra: dict) -> None:
         """Write `<stem>.pt` (state dict) and the manifest JSON with its sha256."""
@@ -66,14 +93,17 @@ class Policy:
         self.manifest = manifest
 
 
-def load_policy(manifest_path: Path | str = DEFAULT_POLICY) -> Policy:
-    """Load a policy from its manifest JSON.
+def load_policy(manifest_path: Path | str = DEFAULT_POLICY, manifest: dict | None = None) -> Policy:
+    """Load the built-in action-token policy from its manifest JSON (manifest: its content, if already read).
 
-    Raises FileNotFoundError if a file is missing, ValueError if the weights' sha256 does not match or the
-    manifest's config is not a PolicyConfig (naming the key).
+    Raises FileNotFoundError if a file is missing, ValueError if the weights' sha256 does not match, the
+    manifest's config is not a PolicyConfig (naming the key), or it names a factory (engines/served.py).
     """
     manifest_path = Path(manifest_path)
-    manifest = json.loads(manifest_path.read_text())
+    manifest = json.loads(manifest_path.read_text()) if manifest is None else manifest
+    if "factory" in manifest:
+        raise ValueError(f"{manifest_path} is a factory policy (engines/factory.py): serve, replay, hil, launch and "
+                         "the embedded Controller run it; this command takes the built-in policy only")
     weights_path = manifest_path.parent / manifest["weights"]
     blob = weights_path.read_bytes()
     digest = hashlib.sha256(blob).hexdigest()

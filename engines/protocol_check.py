@@ -20,13 +20,21 @@ Each clause is checked on a state the clauses before it have cleared, so the fir
 broken. A row fails when max |got - reference| exceeds rtol x the largest |reference logit|. Cost: n + 7
 forward passes (13 for n = 6); the module must hold the prefix and n tokens (the prompt's P tokens + n
 positions for prefix kind "tokens").
+
+check_speculative then decodes whole chunks, as the runtime does: speculative decoding with each drafter (and an
+oracle that proposes target-only's tokens with every third one changed, so that passes both keep and reject
+drafts) must commit exactly target-only greedy decoding's tokens (clause "speculative"). A factory policy runs
+both at load (engines/factory.py).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Sequence
 
 import numpy as np
 import torch
+
+from edgeinfer.core.speculative import FixedK, speculative_decode
 
 ROLLBACK_AT = 2  # the rollback clause keeps engine positions 0 and 1: the prefix and the first token
 JUNK_TOKENS = 3  # the rejected draft's length
@@ -35,6 +43,8 @@ MIN_TOKENS = ROLLBACK_AT + JUNK_TOKENS - 1  # the draft overwrites real position
 # largest logit in fp32 on CPU; bf16 rounds each op to 4e-3); a stale cache entry moves them by 0.1-0.5
 RTOL = {torch.float64: 1e-6, torch.float32: 1e-3}
 LOW_PRECISION_RTOL = 3e-2  # bf16, fp16 and anything else
+SPECULATIVE_K = 4  # check_speculative: drafts per target pass
+ORACLE_WRONG_EVERY = 3  # check_speculative's oracle changes the tokens at positions that are multiples of this
 _WRITTEN_BY_POSITION = ("a pass does not overwrite the entries of its positions: a recurrent state, or a cache "
                         "that grows by appending (declare cache kind 'append' and give truncate_cache)")
 _ROLLBACK_CAUSE = {"static": _WRITTEN_BY_POSITION, "functional": _WRITTEN_BY_POSITION,
@@ -43,8 +53,8 @@ _ROLLBACK_CAUSE = {"static": _WRITTEN_BY_POSITION, "functional": _WRITTEN_BY_POS
 
 
 class ProtocolViolation(ValueError):
-    """A module breaks the model protocol. clause: "logits", "fresh cache", "multi-token pass", "rollback" or
-    "prefill"."""
+    """A module breaks the model protocol. clause: "logits", "fresh cache", "multi-token pass", "rollback",
+    "prefill" or "speculative"."""
 
     def __init__(self, clause: str, message: str):
         super().__init__(message)
@@ -124,6 +134,54 @@ def self_test(engine, probe: np.ndarray | None = None, n_tokens: int = 6,
           "position 0): on a used cache")
     engine.reset_cache()
     return SelfTestReport(check.worst, check.rtol, passes=n + 7)
+
+
+def check_speculative(engine, cases: Sequence[tuple[np.ndarray, tuple]], n_tokens: int, drafters: dict,
+                      k: int = SPECULATIVE_K) -> dict[str, float]:
+    """Speculative decoding (edgeinfer.core.speculative, greedy, k drafts per pass) commits the same tokens as
+    target-only decoding, for every case and drafter.
+
+    cases: (prefix, state) pairs: the engine's prefix (observation features, or a prompt) and the (q_rad,
+    qd_rad_s, q_prev_rad) the drafters are reset with. drafters: name -> Drafter (core/protocols.py); an oracle
+    is added. Returns name -> tokens per target pass over the cases. Raises ProtocolViolation (clause
+    "speculative") naming the drafter, the case and the first token that differs.
+    """
+    name = type(getattr(engine, "module", engine)).__name__
+    passes: dict[str, int] = {}
+    for i, (prefix, state) in enumerate(cases):
+        want = speculative_decode(engine, prefix, n_tokens, None, FixedK(0)).tokens
+        for drafter_name, drafter in {**drafters, "oracle": _Oracle(want)}.items():
+            drafter.reset(*state)
+            got = speculative_decode(engine, prefix, n_tokens, drafter, FixedK(k))
+            if got.tokens != want:
+                j = next((j for j, (a, b) in enumerate(zip(got.tokens, want)) if a != b), min(len(got.tokens),
+                                                                                             len(want)))
+                raise ProtocolViolation("speculative", f"{name} breaks the model protocol (speculative): with the "
+                                                       f"{drafter_name} drafter (k={k}) on probe observation {i}, "
+                                                       f"speculative decoding commits {got.tokens[j:j + 1]} as "
+                                                       f"token {j}, target-only greedy decoding {want[j:j + 1]}")
+            passes[drafter_name] = passes.get(drafter_name, 0) + got.target_passes
+    return {d: len(cases) * n_tokens / p for d, p in passes.items()}
+
+
+class _Oracle:
+    """Proposes the target-only tokens, every ORACLE_WRONG_EVERY-th one changed: passes keep and reject drafts."""
+
+    name = "oracle"
+
+    def __init__(self, tokens: list[int]):
+        self.tokens = tokens
+
+    def reset(self, q_rad, qd_rad_s, q_prev_rad) -> None:
+        pass
+
+    def propose(self, tokens, k: int) -> list[int]:
+        n = len(tokens)
+        out = self.tokens[n:n + k]
+        return [t if (n + i) % ORACLE_WRONG_EVERY else (t - 1 if t > 0 else 1) for i, t in enumerate(out)]
+
+    def propose_dist(self, tokens, k, warp, rng):
+        raise NotImplementedError("the oracle drafter serves the greedy load check only")
 
 
 class _Checker:

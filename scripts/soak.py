@@ -6,8 +6,8 @@ real runtime and control processes, and report what drifts over a long run.
 
 Reports:
 - RSS of every process of the run (replayer, runtime, control loop), sampled every --sample-s; the growth of
-  each from the first sample after warm-up to the last (goal: < 5 MB for every process; the replayer's
-  recording is sized at the start, sim/received.py, so its growth is also given per tick);
+  each from the first sample after warm-up to the last taken while every process ran (goal: < 5 MB for every
+  process; the replayer's recording is sized at the start, sim/received.py, so its growth is also given per tick);
 - miss rate and latency p50/p99/p999 in the first and in the last --window-min minutes (goal: no drift: the
   last window's miss rate within the first's 95% interval and p99 within 1.2x);
 - every counter of every node at the end of the run (report.json's node_stats).
@@ -132,7 +132,9 @@ def main() -> int:
         return 1
 
     report = json.loads((args.out / "replay" / "report.json").read_text())
-    steady = [s for s in samples if s["t_s"] >= args.warmup_s] or samples
+    # while every process runs: a sample taken after the nodes exited sees the replayer writing its report
+    every = max(len(s["rss_mb"]) for s in samples)
+    steady = [s for s in samples if s["t_s"] >= args.warmup_s and len(s["rss_mb"]) == every] or samples
     growth = {k: steady[-1]["rss_mb"][k] - v for k, v in steady[0]["rss_mb"].items() if k in steady[-1]["rss_mb"]}
     windows = window_figures(args.out / "replay" / "ticks.csv", report["rate_hz"], args.window_min)
     first, last = windows["first"], windows["last"]

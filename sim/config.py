@@ -13,48 +13,35 @@ from pathlib import Path
 from typing import Literal
 
 from edgeinfer.control.loop import ControlConfig
+from edgeinfer.logs.options import ReaderOptions
 from edgeinfer.node.runtime import RuntimeConfig
 from edgeinfer.sim.faults import NetworkFaultConfig
 
 
 @dataclass(kw_only=True)
-class LogSourceConfig:
-    """The recorded log replayed and how it is read (reader options: see edgeinfer/logs)."""
+class LogSourceConfig(ReaderOptions):
+    """The recorded log replayed and how it is read: the reader options every command that reads logs shares
+    (edgeinfer/logs/options.py), plus the LeRobot episode and the extra channels the replay sends."""
 
     # The log: a Schunk directory, CSV, MCAP, rosbag2/ROS 1 bag or LeRobot dataset (None: the embedded
     # synthetic log, fresh clones).
     log: Path | None = None
     # The log's format (None: detected from the path).
     log_format: Literal["schunk", "csv", "mcap", "rosbag2", "rosbag1", "lerobot"] | None = None
-    topic: str | None = None  # reader option: the topic holding the joint states (MCAP, bags)
-    q_field: str | None = None  # reader option: the message field or LeRobot feature of the joint positions (rad)
-    qd_field: str | None = None  # reader option: the message field or LeRobot feature of the joint velocities (rad/s)
-    time_source: Literal["header", "log"] | None = None  # reader option: timestamps from the message header or the log
     episode: int | None = None  # reader option: the LeRobot episode replayed
-    # reader option: the CSV column map, e.g. "t=stamp_ns,t_unit=ns,q=pos_*,qd=vel_*" (time column and unit,
-    # fnmatch patterns of the position and velocity columns; see docs/log-formats.md)
-    columns: str | None = None
-    csv_separator: str | None = None  # reader option: the CSV field separator, one character or "tab" (None: detected)
-    csv_decimal: Literal[".", ","] | None = None  # reader option: the CSV decimal mark (None: detected)
-    # reader option: the sample rate of a CSV log without a time column, Hz (record i is at i / rate_hz s)
-    rate_hz: float | None = None
-    # reader option: fill the field a CSV log lacks: "qd" = finite differences of the positions, "q" = integral
-    # of the velocities from 0 rad (None: such a log is refused, naming the field)
-    derive: Literal["q", "qd"] | None = None
+    # reader option: other channels sent with the joints (Observation.extra), "NAME=SOURCE,...": SOURCE is
+    # "TOPIC:FIELD|FIELD" for MCAP and bags (e.g. "imu.ang_vel=/imu:angular_velocity,imu.gravity=/imu:gravity(
+    # orientation)"), a feature for LeRobot, a column pattern for CSV; docs/log-formats.md
+    extra: str | None = None
     duration_s: float | None = None  # replay only the log's first duration_s seconds of recorded time (None: all of it)
 
+    READER_OPTIONS = (*ReaderOptions.READER_OPTIONS, "episode", "extra")
+
     def __post_init__(self):
+        super().__post_init__()
         self.log = Path(self.log) if self.log is not None else None
         if self.duration_s is not None and not self.duration_s > 0:
             raise ValueError(f"{type(self).__name__}.duration_s must be > 0, got {self.duration_s}")
-        if self.rate_hz is not None and not self.rate_hz > 0:
-            raise ValueError(f"{type(self).__name__}.rate_hz must be > 0, got {self.rate_hz}")
-
-    def reader_options(self) -> dict:
-        """The reader options set here (edgeinfer.logs.read_log checks that the log's format takes them)."""
-        names = ("topic", "q_field", "qd_field", "time_source", "episode", "columns", "csv_separator", "csv_decimal",
-                 "rate_hz", "derive")
-        return {k: getattr(self, k) for k in names if getattr(self, k) is not None}
 
 
 @dataclass(kw_only=True)
@@ -110,6 +97,8 @@ class SessionConfig(PacingConfig, LogSourceConfig):
     # Wake-up latency baseline measured before the run, s (sim/host.py: sleeps to absolute deadlines at the
     # control period, at the replayer's priority and CPU; 0 = none). In report.json's host section.
     host_baseline_s: float = 0.5
+    # Write run.mcap after the run (sim/run_mcap.py: observations, chunks, commands, ticks; opens in Foxglove).
+    run_mcap: bool = True
 
     def __post_init__(self):
         LogSourceConfig.__post_init__(self)

@@ -50,17 +50,17 @@ from edgeinfer.sim.host import measure_host, sched_state
 from edgeinfer.sim.metrics import CONFIDENCE, measured_chunks, row_of_tick, summarize, write_ticks
 from edgeinfer.sim.pacing import scaled_period_ns
 from edgeinfer.sim.plots import PLOT_FILES, plot_histogram, plot_stages, plot_timeline
-from edgeinfer.sim.preflight import check_run_fits, policy_shape
+from edgeinfer.sim.preflight import check_run_fits, log_defaults, policy_shape
 from edgeinfer.sim.received import HOLD, NONE
 from edgeinfer.sim.replay import (
     ReplayConfig,
     drain,
     first_seconds,
     load_log,
-    reader_options,
     stream,
 )
 from edgeinfer.sim.report import print_table, replay_progress, write_report
+from edgeinfer.sim.run_mcap import run_mcap_section
 from edgeinfer.sim.schedule import tick_grid
 from edgeinfer.sim.stats import latency_ci_ms, latency_summary_ms
 from edgeinfer.sim.supervisor import Supervisor, safety_report
@@ -163,8 +163,8 @@ def hil_serve_command(cfg: HilConfig, robot: str, bind: str = "0.0.0.0") -> str:
 
 def hil(cfg: HilConfig, console: Console | None = None) -> dict:
     """Run one hardware-in-the-loop replay against the runtime at cfg.endpoint (started separately, see
-    hil_serve_command); writes report.json (with "network" and "hil" sections), ticks.csv, the three plots and
-    control.log under cfg.out. Returns the report.
+    hil_serve_command); writes report.json (with "network" and "hil" sections), ticks.csv, the three plots,
+    run.mcap (sim/run_mcap.py) and control.log under cfg.out. Returns the report.
 
     Raises LogError for a log the policy cannot run on, ValueError for a bad endpoint or missing CURVE keys,
     TimeoutError when the runtime does not complete the handshake within handshake_timeout_s, RuntimeError when
@@ -172,13 +172,17 @@ def hil(cfg: HilConfig, console: Console | None = None) -> dict:
     """
     console = console or Console()
     rcfg = cfg.replay_config()
-    log = load_log(rcfg.log, rcfg.log_format, **reader_options(rcfg))
+    options, policy_defaults = log_defaults(rcfg, console)  # reader options: cfg's, else the policy manifest's
+    log = load_log(rcfg.log, rcfg.log_format, **options)
     if cfg.duration_s is not None:
         log = first_seconds(log, cfg.duration_s)
     policy = policy_shape(rcfg.runtime, log)
     deadline_ms = cfg.deadline_ms if cfg.deadline_ms is not None else scaled_period_ns(log.period_ns,
                                                                                          cfg.time_scale) / 1e6
-    check_run_fits(log, policy, rcfg, deadline_ms)
+    limits = check_run_fits(log, policy, rcfg, deadline_ms)
+    cfg.control.limits = limits.limits  # resolved (control/limits.py): the control node gets every value
+    for warning in limits.warnings:
+        console.print(f"[yellow]limits: {warning}[/yellow]")
     stride, ticks = policy["stride_ticks"], tick_grid(log)
     ep, echo, robot = hil_endpoints(cfg)
     keys = ep.curve_keys()
@@ -253,12 +257,15 @@ def hil(cfg: HilConfig, console: Console | None = None) -> dict:
     report["node_stats"] = {name: _same_clock_stats(stats_summary(st)) for name, st in sorted(rec.node_stats.items())}
     lim = cfg.control.limits
     report["safety"] = safety_report(rec.commands, lim.q_min_rad, lim.q_max_rad, lim.qd_max_rad_s, rec.period_ns)
+    report["limits"], report["policy_defaults"] = limits.section(), policy_defaults
     report["harness"]["replayer_priority"] = None if rt_warning else cfg.replayer_priority
     report["host"] = host | {"realtime": realtime}
     if exit_code != 0:
         console.print(f"[red]control process exited with code {exit_code}; see {cfg.out / 'control.log'}[/red]")
     if rt_warning:
         console.print(f"[yellow]replayer: {rt_warning}[/yellow]")
+    # the stages timed on this host's clock (the runtime's are not comparable), as in report.json
+    report["run_mcap"] = run_mcap_section(rec, log, report, per_tick | {"stages_ms": stages}, cfg, console)
     write_report(report, cfg.out)
     write_ticks(per_tick, cfg.out / "ticks.csv")
     _plots(report, per_tick, stages, cfg.out)

@@ -55,8 +55,11 @@ def send_timing_report(t_sched_ns: np.ndarray, t_sent_ns: np.ndarray, skipped: n
 def replayer_section(rec, log) -> dict:
     """The report's "replayer" entry: send timing (send_timing_report), the faults injected (None when off),
     and what the reader did with the log (format, records sorted back into order, velocities or positions
-    derived, gaps: schedule.gap_report)."""
+    derived, gaps: schedule.gap_report; extra channels and the records dropped before their first sample)."""
     return {**rec.pacing, "faults": rec.faults,
             "log_source": {"format": log.source, "reordered_records": log.reordered,
                            "qd_from_differences": log.qd_from_differences, "q_from_integration": log.q_from_integration,
-                           "truncated_at": log.truncated_at_row, "gaps": gap_report(rec.tick, log.period_ns)}}
+                           "truncated_at": log.truncated_at_row, "gaps": gap_report(rec.tick, log.period_ns),
+                           # a log with extra channels: their widths, the records before one's first sample
+                           **({"extra_channels": {k: v.shape[1] for k, v in log.extra.items()},
+                               "dropped_before_extra": log.dropped_before_extra} if log.extra else {})}}

@@ -1,43 +1,109 @@
 """What is checked before a replay (or a hardware-in-the-loop run) starts any process: that the policy the
-runtime will serve can run on the log, and that the run's settings can work on it."""
+runtime will serve can run on the log, and that the run's settings can work on it; and what a run takes from the
+policy's manifest when it is not told otherwise.
+
+From the manifest (written by `edgeinfer train`; the shipped Schunk manifest has neither key):
+    "data"    the log is read with the options the policy was trained with (reader options given here win,
+              key by key) when it has the training data's format; when it IS the training dataset (the same
+              resolved path) split by episode, and no episode is given, the first held-out episode is replayed
+    "limits"  the joint limits fitted on the training data (control/limits.py: below given values and --urdf)
+Both show in report.json: "policy_defaults" (what was taken) and "limits" (values and the source of each).
+"""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
+from rich.console import Console
+
+from edgeinfer.control.limits import ResolvedLimits, resolve_limits
+from edgeinfer.logs import detect_format
 from edgeinfer.logs.arm_log import ArmLog, LogError
 from edgeinfer.node.runtime import RuntimeConfig
 from edgeinfer.sim.config import ReplayConfig
 
 
+def policy_manifest(runtime: RuntimeConfig) -> dict | None:
+    """The manifest JSON of the action-token policy the runtime serves (None: a bring-your-own spec). Raises
+    ValueError naming the file when it is not JSON."""
+    if runtime.byo_spec is not None:
+        return None
+    try:
+        return json.loads(Path(runtime.policy).read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{runtime.policy}: not a policy manifest ({e})") from None
+
+
 def policy_shape(runtime: RuntimeConfig, log: ArmLog) -> dict:
-    """n_joints, stride_ticks (control ticks per chunk step), horizon (chunk steps after the anchor) and
-    control_rate_hz (None: any) of the policy the runtime will serve: the action-token policy's manifest, or a
-    bring-your-own spec (one step per period)."""
+    """n_joints, stride_ticks (control ticks per chunk step), horizon (chunk steps after the anchor),
+    control_rate_hz (None: any), joint_names (None: unknown), limits (the manifest's "limits", or None) and
+    manifest (its path, None for a spec) of the policy the runtime will serve: the action-token policy's
+    manifest, or a bring-your-own spec (one step per period). Raises ObservationMismatch (a ValueError) naming
+    the spec's field, the channel and the log when the log lacks an extra channel the spec reads."""
     if runtime.byo_spec is not None:
         from edgeinfer.engines.byo import ByoSpec
 
         spec = ByoSpec.load(runtime.byo_spec, model=runtime.byo_model)
+        spec.check_channels({k: v.shape[1] for k, v in log.extra.items()}, f"the log {log.name}")
         return {"n_joints": spec.n_joints, "stride_ticks": max(1, round(log.rate_hz / spec.rate_hz)), "horizon": 1,
-                "control_rate_hz": None}
-    manifest = json.loads(runtime.policy.read_text())
+                "control_rate_hz": None, "joint_names": None, "limits": None, "manifest": None}
+    manifest = policy_manifest(runtime)
+    data = manifest.get("data") or {}
     return {"n_joints": manifest["config"]["n_joints"], "stride_ticks": manifest["config"]["stride_ticks"],
-            "horizon": manifest["config"]["horizon"], "control_rate_hz": manifest.get("control_rate_hz")}
+            "horizon": manifest["config"]["horizon"],
+            "control_rate_hz": manifest.get("control_rate_hz", data.get("rate_hz")),
+            "joint_names": data.get("joint_names"), "limits": manifest.get("limits"), "manifest": str(runtime.policy)}
 
 
-def check_run_fits(log: ArmLog, policy: dict, cfg: ReplayConfig, deadline_ms: float) -> None:
-    """Raise LogError when the policy (see policy_shape) cannot run on this log (joint count, control rate),
-    ValueError when the control settings cannot (limits for another joint count, a phase past the deadline)
-    or a runtime kill or stall is asked for at a row the log does not reach."""
-    if log.n_joints != policy["n_joints"]:
-        raise LogError(f"{log.name}: log has {log.n_joints} joints, the policy expects {policy['n_joints']}")
+def log_defaults(cfg: ReplayConfig, console: Console | None = None) -> tuple[dict, dict | None]:
+    """The reader options the log is read with, and report.json's "policy_defaults" section (None: the
+    manifest has no "data", or there is no log): cfg's reader options over the manifest's "data.reader_options"
+    when the log has the training data's format, plus the first held-out episode when the log is the training
+    dataset itself (see the module docstring). Says on `console` what it took. Raises LogError for a log path
+    that matches no format."""
+    given = cfg.reader_options()
+    manifest = policy_manifest(cfg.runtime)
+    data = manifest.get("data") if manifest is not None else None
+    if cfg.log is None or not isinstance(data, dict):
+        return given, None
+    section = {"manifest": str(cfg.runtime.policy), "taken": {}, "not_taken": None, "episode_why": None}
+    fmt = cfg.log_format or detect_format(cfg.log)
+    if fmt != data.get("format"):
+        section["not_taken"] = f"the log is {fmt}, the policy was trained on {data.get('format')}"
+        return given, section
+    split = data.get("split") or {}
+    by_episode = split.get("by") == "episode"  # the episodes are the split's units, not a reader option
+    taken = {k: v for k, v in (data.get("reader_options") or {}).items()
+             if v is not None and k not in given and not (by_episode and k == "episode")}
+    source = data.get("source")
+    if ("episode" not in given and by_episode and split.get("held_out") and source is not None
+            and Path(source).resolve() == Path(cfg.log).resolve()):
+        taken["episode"] = int(split["held_out"][0])
+        section["episode_why"] = "the log is the policy's training dataset: its first held-out episode"
+    section["taken"] = taken
+    if console is not None and taken:
+        console.print(f"policy defaults from {cfg.runtime.policy}: {', '.join(f'{k}={v}' for k, v in taken.items())}"
+                      + (f" ({section['episode_why']}; --episode N for another)" if section["episode_why"] else ""))
+    return taken | given, section
+
+
+def check_run_fits(log: ArmLog, policy: dict, cfg: ReplayConfig, deadline_ms: float) -> ResolvedLimits:
+    """The joint limits the run uses (control/limits.resolve_limits: cfg.control.limits's fields, its URDF, the
+    manifest's "limits", the defaults), once the run is checked. Raises LogError when the log, the policy (see
+    policy_shape) and the limits do not have one joint count (JointCountError: one error naming all three and
+    where each comes from) or the log's rate is not the policy's; ValueError (UrdfError, LimitsError) when the
+    limits cannot be resolved, the phase is past the deadline, or a runtime kill or stall is asked for at a row
+    the log does not reach."""
+    names, names_from = ((log.joint_names, f"the log {log.name}") if log.joint_names is not None
+                         else (policy["joint_names"], f"the policy {policy['manifest']}"))
+    policy_where = f"{policy['manifest']} config.n_joints" if policy["manifest"] else f"spec {cfg.runtime.byo_spec}"
+    limits = resolve_limits(cfg.control.limits, names, names_from, policy["limits"], policy["manifest"] or "the policy",
+                            counts={"the log": (log.n_joints, f"{log.name}, its joint positions"),
+                                    "the policy": (policy["n_joints"], policy_where)})
     rate = policy["control_rate_hz"]
     if rate is not None and abs(log.rate_hz - rate) > 0.01 * rate:
         raise LogError(f"{log.name}: log rate {log.rate_hz:.1f} Hz, the policy was trained at {rate:.1f} Hz "
                        f"(its chunk step is {policy['stride_ticks']} ticks)")
-    n_limits = {len(cfg.control.limits.q_min_rad), len(cfg.control.limits.q_max_rad)}
-    if n_limits != {log.n_joints}:
-        raise ValueError(f"SafetyLimits: q_min_rad/q_max_rad have {sorted(n_limits)} entries, the log has "
-                         f"{log.n_joints} joints")
     if cfg.control.phase_ms >= deadline_ms:
         raise ValueError(f"ControlConfig.phase_ms={cfg.control.phase_ms} is not before the {deadline_ms} ms "
                          "deadline: every command would be late")
@@ -46,3 +112,4 @@ def check_run_fits(log: ArmLog, policy: dict, cfg: ReplayConfig, deadline_ms: fl
             raise ValueError(f"ReplayConfig.{name}={row} is past the last row of {log.name} ({len(log)} rows"
                              f"{' after --duration-s' if cfg.duration_s is not None else ''}): the fault would "
                              "never be injected")
+    return limits

@@ -45,10 +45,11 @@ from edgeinfer.sim.host import measure_host, sched_state
 from edgeinfer.sim.metrics import summarize, write_ticks
 from edgeinfer.sim.pacing import scaled_period_ns, send_timing_report, should_skip
 from edgeinfer.sim.plots import write_plots
-from edgeinfer.sim.preflight import check_run_fits, policy_shape
+from edgeinfer.sim.preflight import check_run_fits, log_defaults, policy_shape
 from edgeinfer.sim.received import Chunks, Commands
 from edgeinfer.sim.report import print_table, replay_progress, write_report
-from edgeinfer.sim.schedule import observation, previous_rows, tick_grid
+from edgeinfer.sim.run_mcap import run_mcap_section
+from edgeinfer.sim.schedule import extra_of, observation, previous_rows, tick_grid
 from edgeinfer.sim.supervisor import Supervisor, gap_report, injected_section, safety_report, stall_report
 
 # chunk slots beyond one per replan (Recording.start): a restarted runtime plans on a new phase
@@ -86,12 +87,13 @@ class Recording:
               replan_every_ticks: int, pre_roll_ticks: int = 0) -> Recording:
         """The recording of a run whose rows fall on control ticks `ticks` (N,) int64 (after the pre_roll_ticks),
         scheduled at t0_ns + tick * period_ns, none sent yet; columns for a command of n_joints joints on every
-        tick up to the last row's, and for a chunk of up to chunk_steps steps every replan_every_ticks."""
+        tick up to the last row's, and for a chunk of up to chunk_steps steps every replan_every_ticks. Every column is
+        written now (np.full, not np.zeros: sim/received.py), so the RSS does not grow row by row through the run."""
         n_ticks = int(ticks[-1]) + 1
-        return cls(t0_ns, period_ns, n_ticks, ticks, t0_ns + ticks * period_ns, np.zeros(len(ticks), dtype=np.int64),
+        return cls(t0_ns, period_ns, n_ticks, ticks, t0_ns + ticks * period_ns, np.full(len(ticks), 0, dtype=np.int64),
                    Commands(n_ticks, n_joints),
                    Chunks(n_ticks, chunk_steps, n_joints, -(-n_ticks // replan_every_ticks) + CHUNK_SLOTS_SPARE),
-                   skipped=np.zeros(len(ticks), dtype=bool), pre_roll_ticks=pre_roll_ticks)
+                   skipped=np.full(len(ticks), False), pre_roll_ticks=pre_roll_ticks)
 
     def add_command(self, t_recv_ns: int, cmd: JointCommand) -> None:
         """Keep the first command for each tick (received at t_recv_ns); count a second one (duplicate_commands)
@@ -131,26 +133,26 @@ def first_seconds(log: ArmLog, duration_s: float) -> ArmLog:
     return log.rows(slice(0, n))
 
 
-def reader_options(cfg: ReplayConfig) -> dict:
-    """The reader options set in cfg (LogSourceConfig.reader_options)."""
-    return cfg.reader_options()
-
-
 def replay(cfg: ReplayConfig, console: Console | None = None) -> dict:
-    """Run one replay end to end; writes report.json, ticks.csv and the plots.PLOT_FILES PNGs under cfg.out.
+    """Run one replay end to end; writes report.json, ticks.csv, the plots.PLOT_FILES PNGs and run.mcap
+    (sim/run_mcap.py) under cfg.out.
 
     Returns the report dict. Raises LogError for a log the policy cannot run on, RuntimeError when a
     child process dies during start-up, TimeoutError when the handshake does not complete. SIGINT or
     SIGTERM during the run stop it early with a report of what was sent (`interrupted: true`).
     """
     console = console or Console()
-    log = load_log(cfg.log, cfg.log_format, **reader_options(cfg))
+    options, policy_defaults = log_defaults(cfg, console)  # reader options: cfg's, else the policy manifest's
+    log = load_log(cfg.log, cfg.log_format, **options)
     if cfg.duration_s is not None:
         log = first_seconds(log, cfg.duration_s)
     policy = policy_shape(cfg.runtime, log)
     scaled_ms = scaled_period_ns(log.period_ns, cfg.time_scale) / 1e6
     deadline_ms = cfg.deadline_ms if cfg.deadline_ms is not None else scaled_ms
-    check_run_fits(log, policy, cfg, deadline_ms)
+    limits = check_run_fits(log, policy, cfg, deadline_ms)
+    cfg.control.limits = limits.limits  # resolved (control/limits.py): the control node gets every value
+    for warning in limits.warnings:
+        console.print(f"[yellow]limits: {warning}[/yellow]")
     if cfg.runtime.byo_spec is None and (reason := unavailable_reason(cfg.runtime.backend, cfg.runtime.device)):
         raise RuntimeError(f"backend {cfg.runtime.backend!r} on {cfg.runtime.device}: {reason}")
     stride = policy["stride_ticks"]
@@ -219,6 +221,7 @@ def replay(cfg: ReplayConfig, console: Console | None = None) -> dict:
     report["node_stats"] = {name: stats_summary(st) for name, st in sorted(rec.node_stats.items())}
     lim = cfg.control.limits
     report["safety"] = safety_report(rec.commands, lim.q_min_rad, lim.q_max_rad, lim.qd_max_rad_s, rec.period_ns)
+    report["limits"], report["policy_defaults"] = limits.section(), policy_defaults
     if cfg.garbage_per_row:
         report["garbage_sent"] = sup.garbage_sent
     report["harness"]["replayer_priority"] = None if rt_warning else cfg.replayer_priority
@@ -228,6 +231,7 @@ def replay(cfg: ReplayConfig, console: Console | None = None) -> dict:
             console.print(f"[red]{role} process exited with code {code}; see {cfg.out / (role + '.log')}[/red]")
     if rt_warning:
         console.print(f"[yellow]replayer: {rt_warning}[/yellow]")
+    report["run_mcap"] = run_mcap_section(rec, log, report, per_tick, cfg, console)  # after the run: not timed
     write_report(report, cfg.out)
     write_ticks(per_tick, cfg.out / "ticks.csv")
     if cfg.plots:
@@ -263,7 +267,7 @@ def stream(log: ArmLog, ticks: np.ndarray, stride: int, obs_pub, cmd_rx, chunk_r
     follow on the ticks after it (rec.tick = ticks + rec.pre_roll_ticks).
 
     The recording's columns are allocated before the first send, for chunks of chunk_steps steps (the policy's
-    horizon + 1; a longer chunk widens them, a copy) planned every pacing.runtime.replan_every_ticks."""
+    horizon + 1; a longer chunk widens them, a copy) planned every pacing.runtime.replan_every_ticks (None: stride)."""
     pacing = pacing or ReplayConfig()
     afap = pacing.as_fast_as_possible
     injector = FaultInjector(pacing.faults) if pacing.faults.active else None
@@ -278,7 +282,8 @@ def stream(log: ArmLog, ticks: np.ndarray, stride: int, obs_pub, cmd_rx, chunk_r
     tail = SpinTail(period)
     n_pre = math.ceil(pre_roll_ms * 1e6 / period)
     ticks = np.asarray(ticks) + n_pre
-    rec = Recording.start(t0, period, ticks, log.n_joints, chunk_steps, pacing.runtime.replan_every_ticks, n_pre)
+    replan = pacing.runtime.replan_every_ticks or stride
+    rec = Recording.start(t0, period, ticks, log.n_joints, chunk_steps, replan, n_pre)
     prev = previous_rows(ticks, stride)
     transport.send(obs_pub, Start(t0, period, rec.n_ticks))
     try:
@@ -323,12 +328,13 @@ def stream(log: ArmLog, ticks: np.ndarray, stride: int, obs_pub, cmd_rx, chunk_r
 
 
 def _pre_roll(log: ArmLog, obs_pub, cmd_rx, chunk_rx, rec: Recording, tail: SpinTail) -> None:
-    """Ticks 0..rec.pre_roll_ticks-1: the arm at rest at row 0's position (q held, qd zero), each on its
-    schedule; one whose successor is already due (after a stall) is skipped and counted, never burst."""
-    q0, rest = log.q_rad[0], np.zeros_like(log.qd_rad_s[0])
+    """Ticks 0..rec.pre_roll_ticks-1: the arm at rest at row 0's position (q held, qd zero, the extra channels
+    at row 0's values), each on its schedule; one whose successor is already due (after a stall) is skipped and
+    counted, never burst."""
+    q0, rest, extra0 = log.q_rad[0], np.zeros_like(log.qd_rad_s[0]), extra_of(log, 0)
     for k in range(rec.pre_roll_ticks):
         due = rec.t0_ns + k * rec.period_ns
-        frames = encode(Observation(k, due, q0, rest, q0))
+        frames = encode(Observation(k, due, q0, rest, q0, *extra0))
         grabbed = _collect_until(due, cmd_rx, chunk_rx, rec, tail=tail)
         if now_ns() < due + rec.period_ns:
             _send_frames(obs_pub, frames)

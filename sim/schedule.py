@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from edgeinfer.core.wire import Observation
+from edgeinfer.core.wire import Observation, pack_channels
 from edgeinfer.logs.arm_log import ArmLog, LogError
 
 
@@ -50,8 +50,14 @@ def previous_rows(ticks: np.ndarray, stride: int) -> np.ndarray:
 
 def observation(log: ArmLog, ticks: np.ndarray, prev: np.ndarray, i: int, t_ns: int) -> Observation:
     """The Observation of log row i: seq = its tick, t_ns = when it is due (ns, replayer clock), q/qd (D,)
-    float64, q_prev = the row `stride` ticks earlier (see previous_rows)."""
-    return Observation(int(ticks[i]), int(t_ns), log.q_rad[i], log.qd_rad_s[i], log.q_rad[prev[i]])
+    float64, q_prev = the row `stride` ticks earlier (see previous_rows), the row's extra channels (extra_of)."""
+    return Observation(int(ticks[i]), int(t_ns), log.q_rad[i], log.qd_rad_s[i], log.q_rad[prev[i]], *extra_of(log, i))
+
+
+def extra_of(log: ArmLog, i: int) -> tuple[np.ndarray | None, str]:
+    """(Observation.extra, Observation.extra_layout) of log row i: its extra channels in the log's order;
+    (None, "") for a log without them."""
+    return pack_channels({name: v[i] for name, v in log.extra.items()})
 
 
 def observation_stream(log: ArmLog, stride: int, t0_ns: int = 0, period_ns: int | None = None) -> list[Observation]:

@@ -249,10 +249,10 @@ def injected_section(cfg, report: dict, sup: Supervisor) -> dict:
             "garbage_per_row": cfg.garbage_per_row or None}
 
 
-def safety_report(commands: Commands, q_min_rad, q_max_rad, qd_max_rad_s: float, period_ns: int) -> dict:
+def safety_report(commands: Commands, q_min_rad, q_max_rad, qd_max_rad_s, period_ns: int) -> dict:
     """The replayer's own check of every command it received (sim/received.Commands): non-finite values,
-    positions outside [q_min, q_max], and steps between consecutive ticks faster than qd_max (1e-9 rad of
-    rounding allowed)."""
+    positions outside [q_min, q_max] (D,), and steps between consecutive ticks faster than qd_max (one for every
+    joint or (D,); 1e-9 rad of rounding allowed)."""
     ticks = commands.ticks()
     if not len(ticks):  # a run stopped before its first command: nothing to check, and nothing unsafe was sent
         return {"commands_checked": 0, "nonfinite": 0, "outside_position_limits": 0, "over_velocity_limit": 0}
@@ -260,7 +260,7 @@ def safety_report(commands: Commands, q_min_rad, q_max_rad, qd_max_rad_s: float,
     finite = np.isfinite(q).all(axis=1)
     outside = (q < np.asarray(q_min_rad) - 1e-9) | (q > np.asarray(q_max_rad) + 1e-9)
     consecutive = np.diff(ticks) == 1
-    step = np.abs(np.diff(q, axis=0)).max(axis=1) if len(ticks) > 1 else np.zeros(0)
-    too_fast = consecutive & (step > qd_max_rad_s * period_ns / 1e9 + 1e-9)
+    step = np.abs(np.diff(q, axis=0)) if len(ticks) > 1 else np.zeros((0, q.shape[1]))
+    too_fast = consecutive & (step > np.asarray(qd_max_rad_s) * period_ns / 1e9 + 1e-9).any(axis=1)
     return {"commands_checked": len(ticks), "nonfinite": int(np.sum(~finite)),
             "outside_position_limits": int(np.sum(outside.any(axis=1))), "over_velocity_limit": int(np.sum(too_fast))}

@@ -16,10 +16,9 @@ def schunk_dir() -> Path:
 @pytest.fixture(scope="session")
 def held_out(schunk_dir):
     """(features (N, 18), offsets (N, 8, 6)) windows of the 20 held-out runs."""
-    from edgeinfer.engines.train import load_split
+    from edgeinfer.engines.fit_data import FitDataConfig, load_fit_data
 
-    feats, offsets, _ = load_split(schunk_dir, 8, 5)["held_out"]
-    return feats, offsets
+    return load_fit_data(FitDataConfig(data=schunk_dir)).windows("held_out", 8, 5)
 
 
 @pytest.fixture(scope="session")
@@ -27,3 +26,14 @@ def policy():
     from edgeinfer.engines.policy import load_policy
 
     return load_policy()
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """torch on one intra-op thread for a module's tests: batch-1 passes on a busy 2-core machine."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

@@ -98,7 +98,7 @@ class _AnchorOnlyRuntime:
     the test alone decides what the buffer holds."""
 
     def __init__(self, cfg):
-        self.policy = SimpleNamespace(cfg=SimpleNamespace(n_joints=2))
+        self.policy = SimpleNamespace(cfg=SimpleNamespace(n_joints=2), manifest={})  # a manifest without "limits"
 
     def chunk_timing(self, period_ns):
         return 5, period_ns * 5
@@ -184,7 +184,7 @@ class _RampRuntime:
     H = 8 chunk steps of step_ns. Records when each observation it planned from was taken."""
 
     def __init__(self, cfg):
-        self.policy = SimpleNamespace(cfg=SimpleNamespace(n_joints=2))
+        self.policy = SimpleNamespace(cfg=SimpleNamespace(n_joints=2), manifest={})  # a manifest without "limits"
         self.t_obs = []
 
     def chunk_timing(self, period_ns):

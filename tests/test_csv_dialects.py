@@ -14,7 +14,8 @@ import pytest
 
 from edgeinfer.logs import read_log
 from edgeinfer.logs.arm_log import ArmLog, LogError, read_schunk, write_schunk
-from edgeinfer.logs.csv_log import sniff_dialect
+from edgeinfer.logs.csv_log import parse_columns, read_text
+from edgeinfer.logs.samples import backward_differences
 from edgeinfer.sim.config import LogSourceConfig
 from edgeinfer.sim.pacing import replayer_section
 from edgeinfer.sim.schedule import gap_report, observation_stream, tick_grid
@@ -71,6 +72,12 @@ def write_fixed_rate(log: ArmLog, path, velocities: bool = True):
     return path
 
 
+def dialect(path, columns: str, **options) -> tuple[str, str]:
+    """(separator, decimal mark) the reader detects for `path` read through `columns` and `options`."""
+    text = read_text(path, parse_columns(columns), **options)
+    return text.separator, text.decimal
+
+
 def assert_same_stream(log: ArmLog, ref: ArmLog, stride: int = 5) -> None:
     got, want = observation_stream(log, stride), observation_stream(ref, stride)
     assert log.period_ns == ref.period_ns and len(got) == len(want) == len(ref)
@@ -86,7 +93,7 @@ def assert_same_stream(log: ArmLog, ref: ArmLog, stride: int = 5) -> None:
 @pytest.mark.parametrize("zone", ["Z", "+02/+01", "", "arrow"])
 def test_industrial_export_matches_schunk(real, tmp_path, zone):
     path = write_industrial(real, tmp_path / "arm.csv", zone)
-    assert sniff_dialect(path) == (";", ",")
+    assert dialect(path, INDUSTRIAL) == (";", ",")
     log = read_log(path, columns=INDUSTRIAL)
     assert log.source == "csv" and not log.qd_from_differences and not log.q_from_integration
     np.testing.assert_allclose(log.t_s, real.t_s, rtol=0, atol=1e-12)  # the zone change is no jump
@@ -95,7 +102,7 @@ def test_industrial_export_matches_schunk(real, tmp_path, zone):
 
 def test_fixed_rate_log_without_time_column_matches_schunk(real, tmp_path):
     path = write_fixed_rate(real, tmp_path / "arm7.csv")
-    assert sniff_dialect(path) == (",", ".")
+    assert dialect(path, "q=joint_?,qd=joint_vel_?", rate_hz=250.0) == (",", ".")
     with pytest.raises(LogError, match=r"arm7\.csv line 1: no time column .*rate_hz"):
         read_log(path, columns="q=joint_?,qd=joint_vel_?")
     log = read_log(path, columns="q=joint_?,qd=joint_vel_?", rate_hz=250.0)
@@ -131,7 +138,7 @@ def test_positions_only_refused_unless_velocities_are_differenced(real, tmp_path
     log = read_log(path, columns="q=joint_?,qd=joint_vel_?", rate_hz=250.0, derive="qd")
     assert log.qd_from_differences
     np.testing.assert_array_equal(log.q_rad, real.q_rad)
-    np.testing.assert_allclose(log.qd_rad_s, np.gradient(real.q_rad, real.t_s, axis=0), rtol=0, atol=1e-9)
+    np.testing.assert_allclose(log.qd_rad_s, backward_differences(real.q_rad, real.t_s), rtol=0, atol=1e-9)
     full = write_fixed_rate(real, tmp_path / "full.csv")
     with pytest.raises(LogError, match=r"full\.csv line 1: derive='qd' fills a missing field, but columns "
                                        r"\['joint_vel_1', .*match qd='joint_vel_\?'"):
@@ -177,7 +184,7 @@ def test_one_record_per_second_with_gaps_of_seconds(tmp_path):
 
 @pytest.mark.parametrize("row, edit, match", [
     (400, lambda f: f.__setitem__(9, "0,1x"), r"line 401 column 'Joint 3 Speed': not a number: '0,1x'"),
-    (400, lambda f: f.__setitem__(2, "nan"), r"line 401 column 'Joint 2 Position': non-finite value 'nan'"),
+    (400, lambda f: f.__setitem__(2, "nan"), r"line 401 column 'Joint 2 Position': non-finite joint position: 'nan'"),
     (400, lambda f: f.__setitem__(0, "26.10.2022 08:17"), r"line 401 column 'Timestamp': not an ISO-8601 time"),
     (400, lambda f: f.__setitem__(4, "1.234,5"), r"line 401 column 'Joint 4 Position': not a number: '1.234,5'"),
     (400, lambda f: f.pop(), r"line 401: expected 16 fields, got 15"),

@@ -46,7 +46,7 @@ def test_runs_that_cannot_work_are_refused_up_front():
     with pytest.raises(ValueError, match="phase_ms=4.0 is not before the 4.0 ms deadline"):
         check_run_fits(log, manifest, ReplayConfig(control=ControlConfig(phase_ms=4.0)), 4.0)
     short = SafetyLimits(q_min_rad=[-1.0] * 3, q_max_rad=[1.0] * 3)
-    with pytest.raises(ValueError, match=r"have \[3\] entries, the log has 6 joints"):
+    with pytest.raises(ValueError, match=r"log has 6 joints, the policy expects 6, the limits have 3 \(q_min_rad/"):
         check_run_fits(log, manifest, ReplayConfig(control=ControlConfig(limits=short)), 4.0)
     with pytest.raises(ValueError, match=r"stall_runtime_at_tick=125 is past the last row .*125 rows"):
         check_run_fits(log, manifest, ReplayConfig(stall_runtime_at_tick=125), 4.0)

@@ -17,12 +17,7 @@ VOCAB, D = 32, 32
 CLAUSES = {"fresh cache", "multi-token pass", "rollback", "prefill"}
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # batch-1 passes on a busy 2-core machine
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _init(module: nn.Module, seed: int) -> nn.Module:

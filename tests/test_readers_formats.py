@@ -13,6 +13,7 @@ import pytest
 
 from edgeinfer.logs import detect_format, read_log
 from edgeinfer.logs.arm_log import ArmLog, LogError, read_schunk
+from edgeinfer.logs.samples import arm_log_from_records, backward_differences
 from edgeinfer.sim.schedule import observation_stream
 
 pytest.importorskip("mcap")
@@ -284,7 +285,7 @@ def test_velocity_by_finite_differences(real, tmp_path):
     log = read_log(path, derive="qd")
     assert log.qd_from_differences
     np.testing.assert_array_equal(log.q_rad, real.q_rad)
-    np.testing.assert_allclose(log.qd_rad_s, np.gradient(real.q_rad, real.t_s, axis=0))
+    np.testing.assert_allclose(log.qd_rad_s, backward_differences(real.q_rad, real.t_s))
 
 
 def test_out_of_order_records_are_sorted_and_counted(real, tmp_path):
@@ -472,3 +473,17 @@ def test_repeated_timestamp_names_both_lines(real, tmp_path):
     path.write_text("".join(lines))
     with pytest.raises(LogError, match="lines 21 and 22 .*same timestamp"):
         read_log(path, columns="t=stamp_ns,t_unit=ns,q=pos_*,qd=vel_*")
+
+
+def test_derived_velocities_use_no_later_record():
+    # a controller at record i knows q up to i: a derived qd[i] that moved with q[i+1] would give a policy trained
+    # or replayed on it one sample of the future (np.gradient's central differences did)
+    t_ns = np.arange(6) * 4_000_000
+    q = np.cumsum(np.full((6, 2), 0.01), axis=0)
+    bumped = q.copy()
+    bumped[4] += 1.0
+    a = arm_log_from_records("a", "csv", "a.csv", "line", t_ns, q, None, list(range(6)))
+    b = arm_log_from_records("b", "csv", "b.csv", "line", t_ns, bumped, None, list(range(6)))
+    np.testing.assert_array_equal(a.qd_rad_s[:4], b.qd_rad_s[:4])
+    np.testing.assert_allclose(a.qd_rad_s[1:], 2.5)  # 0.01 rad per 4 ms
+    assert a.qd_from_differences and np.all(a.qd_rad_s[0] == 0)

@@ -12,7 +12,7 @@ from edgeinfer.core.clock import now_ns
 from edgeinfer.core.transport import Endpoints, Receiver, pub, pull, send, sub
 from edgeinfer.core.wire import ActionChunk, Hello, Observation, Start, Stats, Stop
 from edgeinfer.node.faults import FaultConfig
-from edgeinfer.node.runtime import RuntimeConfig
+from edgeinfer.node.runtime import NullRuntime, RuntimeConfig
 from edgeinfer.node.serve import RuntimeNode
 
 
@@ -100,3 +100,12 @@ def test_node_never_publishes_a_non_finite_chunk(node_and_peers):
     assert (chunk.obs_seq, chunk.rung, len(chunk.steps_rad)) == (0, "continue", 1)  # the anchor only
     assert np.all(np.isfinite(chunk.steps_rad))
     assert node.telemetry.telemetry.counters["error.nonfinite_action"] == 1
+
+
+def test_the_runtime_replans_every_chunk_step_unless_told():
+    # a policy trained at 30 Hz with one tick per chunk step must replan every tick, not every 5 (the Schunk
+    # policy's stride at 250 Hz): its chunks would stop covering the ticks between replans
+    assert NullRuntime(RuntimeConfig(null_policy=True), stride_ticks=1).chunk_timing(33_333_333) == (1, 33_333_333)
+    assert NullRuntime(RuntimeConfig(null_policy=True), stride_ticks=5).chunk_timing(4_000_000) == (5, 20_000_000)
+    told = RuntimeConfig(null_policy=True, replan_every_ticks=2)
+    assert NullRuntime(told, stride_ticks=5).chunk_timing(4_000_000) == (2, 20_000_000)

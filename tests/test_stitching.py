@@ -28,7 +28,7 @@ def test_the_raw_boundary_jump_is_recorded():
     buf.push(chunk(T + STEP, NEW, obs_seq=1))
     q, _, seq = buf.sample(T + STEP)
     assert seq == 1 and q[0] == 1.5  # no blending: the new chunk's target at once
-    assert list(buf.jumps_rad) == [0.5]
+    assert buf.boundaries == 1 and buf.jump_last_rad == buf.jump_max_rad == 0.5
 
 
 def test_a_cross_fade_makes_the_command_continuous():
@@ -42,7 +42,7 @@ def test_a_cross_fade_makes_the_command_continuous():
     new = old + 0.5
     np.testing.assert_allclose(q[:6], old[:6] + 0.5 * np.arange(6) * 2 / 10)  # w = 0, 0.2, ... 1.0
     np.testing.assert_allclose(q[6:], new[6:])  # past the fade: the new chunk alone
-    assert q[0] == old[0] and list(buf.jumps_rad) == [0.5]  # the raw jump is still reported
+    assert q[0] == old[0] and buf.boundaries == 1 and buf.jump_last_rad == 0.5  # the raw jump is still reported
 
 
 def test_the_rest_of_an_early_first_step_replaces_it_without_a_boundary():
@@ -51,7 +51,7 @@ def test_the_rest_of_an_early_first_step_replaces_it_without_a_boundary():
     assert buf.sample(T + 5 * MS)[0][0] == 0.5
     assert buf.push(chunk(T, OLD))  # the whole chunk of the same observation
     assert buf.sample(T + 25 * MS)[0][0] == 2.5  # covered beyond the first step now
-    assert len(buf.jumps_rad) == 0
+    assert buf.boundaries == 0
     assert not buf.push(chunk(T, OLD[:3]))  # a shorter copy of the same observation is ignored
 
 

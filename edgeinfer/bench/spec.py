@@ -44,7 +44,7 @@ from edgeinfer.core.scheduler import SchedulerConfig, TickPlanner
 from edgeinfer.core.speculative import speculative_decode
 from edgeinfer.engines.calibration import resolve_data_dir, sample_windows
 from edgeinfer.engines.dataset import chunk_windows
-from edgeinfer.engines.drafters import DRAFTERS, make_drafter
+from edgeinfer.engines.drafters import make_drafter
 from edgeinfer.engines.policy import Policy, load_policy
 from edgeinfer.logs.arm_log import list_schunk_runs, read_schunk, split_of
 
@@ -173,7 +173,7 @@ def bench_spec(policy: Policy | None = None, data_dir: Path | None = None, per_r
     feats = np.concatenate([f for f, _ in runs.values()])
     offsets = np.concatenate([o for _, o in runs.values()])
     engine = load_engine(policy, backend)
-    drafters = drafters or tuple(DRAFTERS)
+    drafters = drafters or tuple(policy.drafters)
     models = {name: make_drafter(name, policy) for name in drafters}
     stressed = stress_drafters(lambda: make_drafter(STRESS_BASE, policy), policy.cfg.n_bins, slow_ms) if stress else {}
     models |= stressed

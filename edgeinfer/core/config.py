@@ -328,6 +328,10 @@ def option_help(doc: str, default) -> str:
 
 
 _METAVARS = {float: "FLOAT", int: "INT", str: "STR", Path: "PATH"}
+# A value after an option that starts with "-" is a negative number, not an option, when float() reads it: argparse
+# (3.11) takes only "-3" and "-.5" so, and would refuse "-1e-05" and "-inf" (a continuous joint's lower limit), both
+# of which to_argv writes (str of a float).
+_NEGATIVE_NUMBER = re.compile(r"^-(\d+\.?\d*|\.\d+)(e[-+]?\d+)?$|^-inf(inity)?$", re.IGNORECASE)
 
 
 class HelpFormatter(argparse.HelpFormatter):
@@ -371,3 +375,4 @@ def add_options(parser: argparse.ArgumentParser, *classes) -> None:
                                               help=option_help(doc, default))
             action.generated = True
     parser.formatter_class = HelpFormatter
+    parser._negative_number_matcher = _NEGATIVE_NUMBER

@@ -15,7 +15,7 @@ import math
 import re
 import typing
 import warnings
-from dataclasses import dataclass, fields
+from dataclasses import MISSING, dataclass, fields
 from typing import Annotated, Any, ClassVar, Literal, Sequence
 
 import msgpack
@@ -27,7 +27,8 @@ MAX_HEADER_BYTES = 64 * 1024  # headers are a few hundred bytes; anything bigger
 MAX_FRAMES = 16
 _DTYPE = "<f8"  # the only array dtype on the wire: joint-space data is float64, little-endian
 MAX_JOINTS = 64  # the most joints (D) a message carries: a full humanoid (a Fourier GR1 logs 44)
-_DIM_BOUNDS = {"D": (1, MAX_JOINTS), "H": (0, 256)}  # inclusive; D = joints, H = chunk steps
+MAX_EXTRA = 256  # the most numbers (E) of an observation's extra channels (an IMU, commands: tens)
+_DIM_BOUNDS = {"D": (1, MAX_JOINTS), "H": (0, 256), "E": (1, MAX_EXTRA)}  # inclusive; D joints, H chunk steps
 MAX_STR = 4096  # characters in any string field
 MAX_ITEMS = 64  # entries in a map field (Stats counters, histograms) and ints in a histogram
 # What was wrong with a rejected message, for per-kind counters (WireError.kind):
@@ -47,18 +48,41 @@ class WireError(ValueError):
         self.kind = kind
 
 
+class ObservationMismatch(ValueError):
+    """A valid Observation that does not fit its consumer: a channel the policy reads is missing from its
+    extra_layout, or has another width. Counted and skipped by the runtime node, never fatal."""
+
+
 @dataclass
 class Observation:
-    """Robot state, replayer/robot -> runtime and control. Arrays are (D,) float64."""
+    """Robot state, replayer/robot -> runtime and control. Joint arrays are (D,) float64.
+
+    Other channels (an IMU's angular velocity, the gravity direction, a velocity command) travel in `extra`,
+    (E,) float64, their names and widths in `extra_layout` ("imu.ang_vel:3,cmd:3", see parse_layout); without
+    them (None, "") the message has neither, byte for byte the message it was before extras existed."""
 
     SCHEMA: ClassVar[str] = "edgeinfer.Observation"
     VERSION: ClassVar[int] = 1
     ARRAYS: ClassVar[dict] = {"q_rad": ("D",), "qd_rad_s": ("D",), "q_prev_rad": ("D",)}
+    OPTIONAL_ARRAYS: ClassVar[dict] = {"extra": ("E",)}  # after ARRAYS when present; left out when None
     seq: int  # observation index == control tick index
     t_ns: int  # monotonic time the observation was taken (the replayer: its scheduled send time)
     q_rad: np.ndarray  # (D,) joint positions
     qd_rad_s: np.ndarray  # (D,) joint velocities
     q_prev_rad: np.ndarray  # (D,) joint positions one chunk step (stride) earlier
+    extra: np.ndarray | None = None  # (E,) the extra channels' values, in extra_layout's order; None: none
+    extra_layout: str = ""  # "name:width,..." of `extra` (parse_layout); "" exactly when extra is None
+
+    def channels(self) -> dict[str, np.ndarray]:
+        """{name: (width,) float64 view of extra} in layout order; {} without extras. Raises WireError for a
+        layout that does not describe `extra` (a message decoded from the wire always does)."""
+        if self.extra is None:
+            return {}
+        out, i = {}, 0
+        for name, width in _layout_of(self.extra_layout, np.shape(self.extra)[0]):
+            out[name] = self.extra[i:i + width]
+            i += width
+        return out
 
 
 @dataclass
@@ -186,6 +210,59 @@ class Stats:
     histograms: dict[str, list[int]]
 
 
+# An observation's extra channels: "name:width" terms joined by ",", names as below, widths summing to E.
+CHANNEL_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.\-]{0,63}")
+_WIDTH = re.compile(r"[0-9]{1,3}")
+_LAYOUTS: dict[tuple[str, int], tuple[tuple[str, int], ...]] = {}  # (text, E) -> checked layout
+_LAYOUTS_MAX = 1024
+
+
+def parse_layout(text: str) -> tuple[tuple[str, int], ...]:
+    """((name, width), ...) of an extra_layout "imu.ang_vel:3,cmd:3". Names: a letter or "_" then up to 63 of
+    letters, digits, "_", ".", "-"; unique; widths 1..MAX_EXTRA. Raises WireError naming the bad term."""
+    out, seen = [], set()
+    for term in text.split(","):
+        name, _, width = term.partition(":")
+        if not (CHANNEL_NAME.fullmatch(name) and _WIDTH.fullmatch(width) and 1 <= int(width) <= MAX_EXTRA):
+            raise WireError(f"{Observation.SCHEMA}: field 'extra_layout': term {term[:80]!r} is not name:width "
+                            f"(width 1..{MAX_EXTRA})")
+        if name in seen:
+            raise WireError(f"{Observation.SCHEMA}: field 'extra_layout': channel {name!r} twice")
+        seen.add(name)
+        out.append((name, int(width)))
+    return tuple(out)
+
+
+def _layout_of(text: str, size: int) -> tuple[tuple[str, int], ...]:
+    """The layout `text` checked against an extra array of `size` numbers (0: none, then text must be "");
+    remembered per (text, size). Raises WireError."""
+    key = (text, size)
+    if (layout := _LAYOUTS.get(key)) is None:
+        if not text or not size:
+            raise WireError(f"{Observation.SCHEMA}: field 'extra_layout': {text[:80]!r} with "
+                            f"{'an extra array of ' + str(size) if size else 'no extra array'}; the two come together")
+        layout = parse_layout(text)
+        if (total := sum(w for _, w in layout)) != size:
+            raise WireError(f"{Observation.SCHEMA}: field 'extra_layout': widths sum to {total}, array 'extra' "
+                            f"has {size}")
+        if len(_LAYOUTS) >= _LAYOUTS_MAX:
+            _LAYOUTS.clear()
+        _LAYOUTS[key] = layout
+    return layout
+
+
+def pack_channels(channels: dict[str, Any]) -> tuple[np.ndarray | None, str]:
+    """(extra (E,) float64, extra_layout) for an Observation from {name: value} (each a number or a 1-D array,
+    in order); (None, "") for no channels. Raises WireError for a bad name or width (parse_layout)."""
+    if not channels:
+        return None, ""
+    parts = [np.atleast_1d(np.asarray(v, dtype=np.float64)).reshape(-1) for v in channels.values()]
+    layout = ",".join(f"{name}:{p.size}" for name, p in zip(channels, parts))
+    extra = np.concatenate(parts)
+    _layout_of(layout, extra.size)
+    return extra, layout
+
+
 Message = Observation | ActionChunk | JointCommand | Hello | Start | Stop | Heartbeat | ErrorEvent | Stats
 _REGISTRY = {cls.SCHEMA: cls for cls in (Observation, ActionChunk, JointCommand, Hello, Start, Stop, Heartbeat,
                                          ErrorEvent, Stats)}
@@ -206,15 +283,22 @@ _HEADER_TYPES = {int: _I64, str: _STR,
                  dict[str, int]: Annotated[dict[_STR, _I64], msgspec.Meta(max_length=MAX_ITEMS)],
                  dict[str, list[int]]: Annotated[dict[_STR, Annotated[list[_I64], msgspec.Meta(max_length=MAX_ITEMS)]],
                                                  msgspec.Meta(max_length=MAX_ITEMS)]}
-_SCALARS = {cls: tuple(f.name for f in fields(cls) if f.name not in cls.ARRAYS) for cls in _REGISTRY.values()}
+# every array of a message: ARRAYS, always sent, then OPTIONAL_ARRAYS, sent when not None (a prefix of them)
+_ARRAYS = {cls: {**cls.ARRAYS, **getattr(cls, "OPTIONAL_ARRAYS", {})} for cls in _REGISTRY.values()}
+_SCALARS = {cls: tuple(f.name for f in fields(cls) if f.name not in _ARRAYS[cls]) for cls in _REGISTRY.values()}
+# scalar fields with a default, left out of the header when they hold it (Observation.extra_layout)
+_DEFAULTS = {cls: {f.name: f.default for f in fields(cls) if f.name in _SCALARS[cls] and f.default is not MISSING}
+             for cls in _REGISTRY.values()}
 
 
 def _header_struct(cls: type) -> type:
     typed = {f.name: Literal[RUNGS] if f.name == "rung" else _HEADER_TYPES[f.type] for f in fields(cls)
-             if f.name not in cls.ARRAYS}
+             if f.name not in _ARRAYS[cls]}
+    defaults = _DEFAULTS[cls]
     return msgspec.defstruct(f"{cls.__name__}Header",
-                             [("version", int), *((n, typed[n]) for n in _SCALARS[cls]),
-                              ("arrays", Annotated[list[_ArrayMeta], msgspec.Meta(max_length=MAX_FRAMES)])],
+                             [("version", int), *((n, typed[n]) for n in _SCALARS[cls] if n not in defaults),
+                              ("arrays", Annotated[list[_ArrayMeta], msgspec.Meta(max_length=MAX_FRAMES)]),
+                              *((n, typed[n], defaults[n]) for n in defaults)],
                              tag_field="schema", tag=cls.SCHEMA, forbid_unknown_fields=True)
 
 
@@ -250,7 +334,7 @@ _SHAPES_MAX = 1024
 
 
 def _shapes(cls: type, metas: list[_ArrayMeta]) -> list[tuple[int, ...]]:
-    """Shapes of the arrays described by `metas`, checked against `cls.ARRAYS` and the D/H bounds (a pure
+    """Shapes of the arrays described by `metas`, checked against the class's arrays and the D/H/E bounds (a pure
     function of its arguments, so a message's usual array headers are checked once and remembered)."""
     key = (cls, *metas)
     if (shapes := _SHAPES.get(key)) is None:
@@ -264,12 +348,14 @@ def _shapes(cls: type, metas: list[_ArrayMeta]) -> list[tuple[int, ...]]:
 def _check_shapes(cls: type, metas: list[_ArrayMeta]) -> list[tuple[int, ...]]:
     where = cls.SCHEMA
     names = [m.name for m in metas]
-    if names != list(cls.ARRAYS):
-        raise WireError(f"{where}: field 'arrays': names {names!r}, expected {list(cls.ARRAYS)!r}")
+    if names != list(_ARRAYS[cls])[:len(names)] or len(names) < len(cls.ARRAYS):
+        optional = list(getattr(cls, "OPTIONAL_ARRAYS", ()))
+        raise WireError(f"{where}: field 'arrays': names {names!r}, expected {list(cls.ARRAYS)!r}"
+                        f"{f' then optionally {optional!r}' if optional else ''}")
     dims: dict[str, int] = {}
     shapes = []
     for meta in metas:
-        name, symbols, shape = meta.name, cls.ARRAYS[meta.name], meta.shape
+        name, symbols, shape = meta.name, _ARRAYS[cls][meta.name], meta.shape
         if meta.dtype != _DTYPE:
             raise WireError(f"{where}: array {name!r}: dtype {meta.dtype!r} not allowed, expected {_DTYPE!r}")
         if len(shape) != len(symbols):
@@ -295,7 +381,10 @@ def _header(buf: bytes | memoryview) -> tuple[type, Any, list[tuple[int, ...]]]:
     cls = _HEADERS[type(header)]
     if header.version != cls.VERSION:
         raise WireError(f"{cls.SCHEMA}: field 'version': got {header.version!r}, expected {cls.VERSION}", "version")
-    return cls, header, _shapes(cls, header.arrays)
+    shapes = _shapes(cls, header.arrays)
+    if cls is Observation and (len(shapes) > 3 or header.extra_layout):
+        _layout_of(header.extra_layout, shapes[3][0] if len(shapes) > 3 else 0)
+    return cls, header, shapes
 
 
 def _header_error(buf: bytes | memoryview, e: msgspec.DecodeError) -> WireError:
@@ -317,7 +406,7 @@ def _header_error(buf: bytes | memoryview, e: msgspec.DecodeError) -> WireError:
     path = re.sub(r"^\$\.?", "", where.rpartition(" in ")[2].strip("`"))
     if path.startswith("arrays["):  # name the array: arrays[1].shape[0] -> array 'qd_rad_s' shape[0]
         i, _, rest = path[len("arrays["):].partition("]")
-        name = list(cls.ARRAYS)[int(i)] if i.isdigit() and int(i) < len(cls.ARRAYS) else f"#{i}"
+        name = list(_ARRAYS[cls])[int(i)] if i.isdigit() and int(i) < len(_ARRAYS[cls]) else f"#{i}"
         path = f"array {name!r}{' ' + rest.lstrip('.') if rest else ''}"
     elif path:
         path = f"field {path!r}{' (a key)' if key else ''}"
@@ -341,11 +430,17 @@ def encode(msg: Message) -> list[bytes | memoryview]:
     if _REGISTRY.get(getattr(cls, "SCHEMA", None)) is not cls:
         raise WireError(f"encode: {cls.__name__} is not a wire message")
     header: dict[str, Any] = {"schema": cls.SCHEMA, "version": cls.VERSION}
+    defaults = _DEFAULTS[cls]
     for name in _SCALARS[cls]:
-        header[name] = getattr(msg, name)
+        value = getattr(msg, name)
+        if name not in defaults or value != defaults[name]:
+            header[name] = value
     metas, flat = [], []
-    for name in cls.ARRAYS:
-        a = np.asarray(getattr(msg, name))
+    for name in _ARRAYS[cls]:
+        a = getattr(msg, name)
+        if a is None and name not in cls.ARRAYS:
+            break  # the optional arrays present are a prefix of them
+        a = np.asarray(a)
         if a.dtype.kind not in "fiu":
             raise WireError(f"{cls.SCHEMA}: array {name!r}: dtype {a.dtype.str!r} is not real numeric")
         a = np.ascontiguousarray(a, dtype=_DTYPE)
@@ -358,7 +453,7 @@ def encode(msg: Message) -> list[bytes | memoryview]:
     try:
         packed = _ENCODER.encode(header)
     except (TypeError, OverflowError) as e:  # a value msgpack cannot carry (an int over 64 bits, an object)
-        bad = next(n for n in _SCALARS[cls] if not _encodes(header[n]))
+        bad = next(n for n in _SCALARS[cls] if n in header and not _encodes(header[n]))
         raise WireError(f"{cls.SCHEMA}: field {bad!r}: cannot encode {type(header[bad]).__name__} ({e})") from None
     if len(packed) > MAX_HEADER_BYTES:
         raise WireError(f"{cls.SCHEMA}: header is {len(packed)} bytes, limit {MAX_HEADER_BYTES}")
@@ -397,8 +492,9 @@ def decode(frames: Sequence[Any]) -> Message:
     WireError, naming schema and field, for: wrong frame count (1..MAX_FRAMES, and one frame
     per array), oversized or non-msgpack header, header not a map, unknown schema, wrong
     version, missing/extra fields, wrong scalar types (bool is not int), rung not in RUNGS,
-    dtype other than "<f8", shape of wrong rank or outside D 1..MAX_JOINTS / H 0..256 or disagreeing
-    on D, an array frame whose length is not prod(shape) * 8, and a NaN or inf array value.
+    dtype other than "<f8", shape of wrong rank or outside D 1..MAX_JOINTS / H 0..256 / E 1..MAX_EXTRA or
+    disagreeing on D, an array frame whose length is not prod(shape) * 8, a NaN or inf array value, and an
+    Observation whose extra_layout does not describe its extra array (parse_layout; both or neither).
     """
     if not 1 <= len(frames) <= MAX_FRAMES:
         raise WireError(f"frames: got {len(frames)}, expected 1..{MAX_FRAMES}", "frames")
@@ -411,7 +507,7 @@ def decode(frames: Sequence[Any]) -> Message:
                         "frames")
     values = {name: getattr(header, name) for name in _SCALARS[cls]}
     sizes = [math.prod(shape) for shape in shapes]  # bounded by _DIM_BOUNDS: small and safe to compute
-    for name, shape, n, buf in zip(cls.ARRAYS, shapes, sizes, bufs[1:]):
+    for name, shape, n, buf in zip(_ARRAYS[cls], shapes, sizes, bufs[1:]):
         if len(buf) != n * 8:
             short = len(buf) < n * 8
             raise WireError(f"{cls.SCHEMA}: array {name!r}: {'truncated' if short else 'oversized'} frame, "
@@ -420,10 +516,10 @@ def decode(frames: Sequence[Any]) -> Message:
     # one copy of all arrays, one finite check, a writeable view per array
     flat = np.frombuffer(b"".join(bufs[1:]), dtype=_DTYPE).copy() if shapes else None
     if flat is not None and not _all_finite(flat):  # a NaN joint target must never reach a robot
-        bad = next(name for name, b in zip(cls.ARRAYS, bufs[1:]) if not _all_finite(np.frombuffer(b, _DTYPE)))
+        bad = next(name for name, b in zip(_ARRAYS[cls], bufs[1:]) if not _all_finite(np.frombuffer(b, _DTYPE)))
         raise WireError(f"{cls.SCHEMA}: array {bad!r}: non-finite value", "nonfinite")
     offset = 0
-    for name, shape, n in zip(cls.ARRAYS, shapes, sizes):
+    for name, shape, n in zip(_ARRAYS[cls], shapes, sizes):
         values[name] = flat[offset: offset + n].reshape(shape)
         offset += n
     return cls(**values)

@@ -26,13 +26,13 @@ FORMATS: tuple[str, ...] = ("schunk", "csv", "mcap", "rosbag2", "rosbag1", "lero
 # format -> (module, function, options it accepts besides path and on_error)
 _READERS = {
     "csv": ("edgeinfer.logs.csv_log", "read_csv_log",
-            {"columns", "csv_separator", "csv_decimal", "rate_hz", "derive"}),
-    "mcap": ("edgeinfer.logs.mcap_log", "read_mcap_log", {"topic", "q_field", "qd_field", "time_source"}),
+            {"columns", "csv_separator", "csv_decimal", "csv_encoding", "rate_hz", "derive", "extra"}),
+    "mcap": ("edgeinfer.logs.mcap_log", "read_mcap_log", {"topic", "q_field", "qd_field", "time_source", "extra"}),
     "rosbag2": ("edgeinfer.logs.rosbag_log", "read_rosbag_log",
-                {"topic", "q_field", "qd_field", "time_source"}),
+                {"topic", "q_field", "qd_field", "time_source", "extra"}),
     "rosbag1": ("edgeinfer.logs.rosbag_log", "read_rosbag_log",
-                {"topic", "q_field", "qd_field", "time_source"}),
-    "lerobot": ("edgeinfer.logs.lerobot_log", "read_lerobot_log", {"episode", "q_field", "qd_field"}),
+                {"topic", "q_field", "qd_field", "time_source", "extra"}),
+    "lerobot": ("edgeinfer.logs.lerobot_log", "read_lerobot_log", {"episode", "q_field", "qd_field", "extra"}),
 }
 
 
@@ -68,8 +68,10 @@ def read_log(path: str | Path, fmt: str | None = None, on_error: Literal["raise"
     """Read any supported log into an ArmLog: t_s (T,) float64 s from 0, increasing; q_rad, qd_rad_s (T, D).
 
     fmt: one of FORMATS, or None to detect it from the path. options: passed to that format's reader
-    (topic, q_field, qd_field, time_source for bags and MCAP; columns, csv_separator, csv_decimal, rate_hz,
-    derive for CSV; episode, q_field, qd_field for LeRobot); None values are ignored. Raises LogError naming
+    (topic, q_field, qd_field, time_source for bags and MCAP; columns, csv_separator, csv_decimal, csv_encoding,
+    rate_hz, derive for CSV; episode, q_field, qd_field for LeRobot; extra for all of these: "NAME=SOURCE,..." other
+    channels into ArmLog.extra, SOURCE "TOPIC:FIELD|FIELD" for MCAP and bags, a feature for LeRobot, a column
+    pattern for CSV, docs/log-formats.md); None values are ignored. Raises LogError naming
     the file and record for unreadable input (on_error="truncate" keeps the records before it), ValueError for
     an unknown format, an option the format does not take, or a bad on_error. RuntimeError names the extra when
     an optional library is missing.

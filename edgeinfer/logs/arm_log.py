@@ -55,6 +55,7 @@ class ArmLog:
         LeRobot feature's names), else None.
     extra: other numeric channels read with the joints, each (T, width) float64 row-aligned with t_s
         (an IMU's angular velocity, a velocity command, ...); keys are the names observation specs use.
+    dropped_before_extra: records dropped for coming before an extra channel's first sample (logs/samples.py).
     Raises ValueError if shapes disagree.
     """
 
@@ -69,6 +70,7 @@ class ArmLog:
     q_from_integration: bool = False
     joint_names: list[str] | None = None
     extra: dict[str, np.ndarray] = field(default_factory=dict)
+    dropped_before_extra: int = 0  # records earlier than an extra channel's first sample (none to hold), dropped
 
     def __post_init__(self) -> None:
         if self.t_s.ndim != 1 or self.q_rad.ndim != 2 or self.q_rad.shape != self.qd_rad_s.shape:
@@ -107,7 +109,12 @@ class ArmLog:
         dt = np.diff(self.t_s)
         median = float(np.median(dt))
         count = np.r_[0.0, np.cumsum(np.maximum(np.round(dt / median), 1))]
-        return float(np.polyfit(count, self.t_s, 1)[0])
+        # The least-squares slope in closed form, sum(c t) / sum(c c) over the centred count and times, each
+        # scaled to at most 1 first: np.polyfit's lstsq gives 0 (rank deficient) on huge times.
+        t_scale, c_scale = float(np.abs(self.t_s).max()) or 1.0, float(count[-1])
+        c, t = count / c_scale, self.t_s / t_scale
+        c, t = c - c.mean(), t - t.mean()
+        return float(np.dot(c, t) / np.dot(c, c) * (t_scale / c_scale))
 
     @property
     def n_joints(self) -> int:

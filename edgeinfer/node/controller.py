@@ -35,6 +35,7 @@ import numpy as np
 
 from edgeinfer.control.buffer import ChunkBuffer
 from edgeinfer.control.command import CommandCounters, command
+from edgeinfer.control.limits import resolve_limits
 from edgeinfer.control.rate import RateMeter
 from edgeinfer.control.safety import CommandConfig
 from edgeinfer.core.clock import now_ns
@@ -96,6 +97,7 @@ class Controller:
         self.last_t_ns: int | None = None  # tick time of the last command (the clamp's measured dt)
         self.last_obs: Observation | None = None  # the newest finite observation
         self.last_error: str | None = None
+        self.limit_sources: dict[str, str] | None = None  # field -> where its limits came from (set by open())
         self._ticks = 0
         self._next_replan_ns: int | None = None  # None: the first finite observation is planned from
         self._prev_t_ns: int | None = None  # the last call's t_ns (a clock that steps back is counted)
@@ -106,6 +108,7 @@ class Controller:
 
     def open(self) -> "Controller":
         self.runtime = PolicyRuntime(self.cfg.runtime)
+        self._resolve_limits()
         if self.cfg.warmup:
             self.runtime.warmup(self.runtime.warmup_observation())
         replan_every, self.step_ns = self.runtime.chunk_timing(self.period_ns)
@@ -113,6 +116,18 @@ class Controller:
         self._worker = threading.Thread(target=self._decode_loop, name="edgeinfer-decoder", daemon=True)
         self._worker.start()
         return self
+
+    def _resolve_limits(self) -> None:
+        """cfg.limits's unset fields from its URDF, the policy manifest's "limits", else the defaults
+        (control/limits.py); their sources in self.limit_sources. Raises ValueError (JointCountError naming both
+        counts) when they do not have the policy's joint count, or cannot be resolved."""
+        manifest, where = self.runtime.policy.manifest, str(self.cfg.runtime.policy)
+        resolved = resolve_limits(self.cfg.limits, (manifest.get("data") or {}).get("joint_names"),
+                                  f"the policy {where}", manifest.get("limits"), where,
+                                  counts={"the policy": (self.runtime.policy.cfg.n_joints, f"{where} config.n_joints")})
+        for warning in resolved.warnings:
+            warnings.warn(f"Controller limits: {warning}", RuntimeWarning, stacklevel=3)
+        self.cfg.limits, self.limit_sources = resolved.limits, resolved.sources
 
     def step(self, t_ns: int, obs: Observation | None) -> JointCommand | None:
         """The command for the tick at t_ns (monotonic ns) given the newest observation `obs` (q_rad (D,)

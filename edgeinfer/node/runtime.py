@@ -35,12 +35,12 @@ class RuntimeConfig:
     """The runtime node: the policy it serves, the engine the target runs on (edgeinfer.engines.engine), how
     chunks are decoded and verified, and its liveliness and status messages."""
 
-    policy: Path = DEFAULT_POLICY  # the policy's manifest JSON
+    policy: Path = DEFAULT_POLICY  # the policy's manifest JSON: the built-in policy, or a factory (engines/factory.py)
     backend: Literal["torch", "onnxruntime", "tensorrt"] = "torch"  # the engine the target runs on
     precision: Literal["fp32", "bf16", "fp8"] = "fp32"  # the engine's precision
     device: str = "cpu"  # the engine's device (cpu, cuda, cuda:1, ...)
     decode: Literal["speculative", "target-only"] = "speculative"  # draft and verify, or the target alone
-    # a drafter by name, or "auto": every registered drafter, the scheduler choosing one per chunk
+    # a drafter by name, or "auto": every drafter that applies to the policy, the scheduler choosing one per chunk
     drafter: str = "kinematic"
     # the acceptance rule: greedy (exact), sampling (exact in distribution: temperature, top_p, seed) or relaxed
     # (LOSSY: drafts kept within relax_bins bins of the target's choice); edgeinfer.core.acceptance
@@ -52,9 +52,10 @@ class RuntimeConfig:
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)  # the deadline planner
     warmup_chunks: int = 30  # untimed decodes before the start (fills the planner's cost estimates)
     threads: int = 1  # intra-op threads of the engine
-    # Start a new chunk at most every this many observations (5 = one chunk step, 20 ms at 250 Hz); the chunk
-    # horizon covers the gap, and the idle time is left to the control loop.
-    replan_every_ticks: int = 5
+    # Start a new chunk at most every this many observations; the chunk horizon covers the gap, and the idle time
+    # is left to the control loop (None: one chunk step, the policy's stride_ticks: 5 ticks, 20 ms, for the Schunk
+    # policy at 250 Hz; 1 tick for a policy trained at 30 Hz with one tick per step).
+    replan_every_ticks: int | None = None
     idle_timeout_s: float = 5.0  # after the start, exit when no message arrives for this long, s
     runtime_cpus: list[int] | None = None  # CPUs the runtime may use (None: any)
     byo_spec: Path | None = None  # bring your own policy: a spec TOML (engines/byo.py) served instead of `policy`
@@ -90,7 +91,7 @@ class RuntimeConfig:
             raise ValueError(f"RuntimeConfig.threads must be >= 1, got {self.threads}")
         if not self.idle_timeout_s > 0:
             raise ValueError(f"RuntimeConfig.idle_timeout_s must be > 0, got {self.idle_timeout_s}")
-        if self.replan_every_ticks < 1:
+        if self.replan_every_ticks is not None and self.replan_every_ticks < 1:
             raise ValueError(f"RuntimeConfig.replan_every_ticks must be >= 1, got {self.replan_every_ticks}")
         if self.max_obs_age_ms is not None and not self.max_obs_age_ms > 0:
             raise ValueError(f"RuntimeConfig.max_obs_age_ms must be > 0 (or None), got {self.max_obs_age_ms}")
@@ -113,13 +114,14 @@ class PolicyRuntime:
     """In-process API: build one ActionChunk per observation within the scheduler's budget."""
 
     def __init__(self, cfg: RuntimeConfig):
-        from edgeinfer.engines.build import load_engine  # torch: only a node that runs the policy loads it
-        from edgeinfer.engines.policy import load_policy
+        # torch: only a node that runs the policy loads it
+        from edgeinfer.engines.served import load_served_policy, open_engine
 
         self.cfg = cfg
-        self.policy = load_policy(cfg.policy)
-        self.engine = load_engine(self.policy, cfg.backend, cfg.precision, cfg.device, threads=cfg.threads)
-        names = list(DRAFTERS) if cfg.drafter == "auto" else [cfg.drafter]
+        # the built-in policy, or a factory policy (engines/factory.py: refused here if its load checks fail)
+        self.policy = load_served_policy(cfg.policy)
+        self.engine = open_engine(self.policy, cfg.backend, cfg.precision, cfg.device, cfg.threads)
+        names = list(self.policy.drafters) if cfg.drafter == "auto" else [cfg.drafter]
         self.drafters = {n: make_drafter(n, self.policy) for n in names} if cfg.decode == "speculative" else {}
         self.fallback = self.drafters.get("kinematic") or next(iter(self.drafters.values()), None)
         self.rule = cfg.rule()
@@ -129,12 +131,12 @@ class PolicyRuntime:
 
     def chunk_timing(self, period_ns: int) -> tuple[int, int]:
         """(control ticks between chunk starts, chunk step in ns) for a control period of period_ns."""
-        return self.cfg.replan_every_ticks, period_ns * self.policy.cfg.stride_ticks
+        return self.cfg.replan_every_ticks or self.policy.cfg.stride_ticks, period_ns * self.policy.cfg.stride_ticks
 
     def warmup_observation(self) -> Observation:
-        """An observation at the training data's mean, for warm-up before the start."""
-        d, mean = self.policy.cfg.n_joints, self.policy.feat_mean
-        return Observation(0, now_ns(), mean[:d], mean[d:2 * d], mean[:d] - mean[2 * d:3 * d])
+        """The policy's warm-up state (the training data's mean for the built-in policy), for warm-up before the
+        start."""
+        return Observation(0, now_ns(), *self.policy.warmup_state())
 
     def warmup(self, obs: Observation) -> None:
         """Run unbudgeted decodes so that the cost estimates (and the engine's caches) are populated."""
@@ -202,7 +204,7 @@ class NullRuntime:
         self.cfg, self.stride_ticks, self.n_chunks = cfg, stride_ticks, 0
 
     def chunk_timing(self, period_ns: int) -> tuple[int, int]:
-        return self.cfg.replan_every_ticks, period_ns * self.stride_ticks
+        return self.cfg.replan_every_ticks or self.stride_ticks, period_ns * self.stride_ticks
 
     def warmup_observation(self) -> None:
         return None

@@ -25,7 +25,7 @@ import zmq
 from edgeinfer.core import transport
 from edgeinfer.core.clock import now_ns, pin_to_cpus, wait_until
 from edgeinfer.core.lifecycle import ParentWatch
-from edgeinfer.core.wire import ActionChunk, Hello, Message, Observation, Start, Stop
+from edgeinfer.core.wire import ActionChunk, Hello, Message, Observation, ObservationMismatch, Start, Stop
 from edgeinfer.node import faults
 from edgeinfer.node.echo import start_echo
 from edgeinfer.node.handshake import await_control, await_start
@@ -159,7 +159,12 @@ class RuntimeNode:
         obs = got.msg
         t_start_ns = self._plan(obs, t_recv, due_ns) if obs is not None else None
         if t_start_ns is not None:
-            self._publish(self._decode(obs, t_start_ns), obs)
+            try:
+                chunk = self._decode(obs, t_start_ns)
+            except ObservationMismatch as e:  # valid on the wire, not what the policy reads (a channel missing)
+                self.telemetry.report("obs_mismatch", f"observation {obs.seq}: {e}")
+                return True
+            self._publish(chunk, obs)
         return True
 
     def _await(self) -> int | None:

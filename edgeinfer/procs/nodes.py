@@ -31,6 +31,10 @@ from edgeinfer.core import transport
 from edgeinfer.core.lifecycle import PARENT_PID_ENV
 from edgeinfer.procs.spec import NodeSpec
 
+# Who sends a node a signal its own code does not: a hint for the error that names it.
+_SIGNAL_CAUSES = {signal.SIGKILL: ": the kernel's OOM killer, if no one ran kill -9 (dmesg names its victims)",
+                  signal.SIGSEGV: ": a crash in native code (an extension, a driver)"}
+
 
 class Node:
     """A started node: its spec, its process (subprocess.Popen, or a forkserver.ForkedNode), its state
@@ -79,6 +83,22 @@ class Node:
             return self.spec.log.read_text(errors="replace")[-chars:]
         except (OSError, AttributeError):
             return "(no log)"
+
+    def exit_report(self) -> tuple[str, str]:
+        """(how it ended: "exited with code 2", or "was killed by SIGKILL (...)" for a negative return code, the
+        signal that ended it; the end of its log, or that the log is empty), for an error that names the node."""
+        code = self.returncode
+        how = f"exited with code {code}"
+        if code is not None and code < 0:
+            try:
+                name = signal.Signals(-code).name
+            except ValueError:
+                name = f"signal {-code}"
+            how = f"was killed by {name} (exit code {code}{_SIGNAL_CAUSES.get(-code, '')})"
+        tail = self.tail()
+        if self.spec.log is not None and not tail.strip():
+            tail = f"(its log {self.spec.log} is empty: it died before writing a line)"
+        return how, tail
 
     def note_descendants(self) -> None:
         """Remember its living descendants (for teardown: they may leave its process group)."""
@@ -150,8 +170,8 @@ class NodeGroup:
         node must not exit while its starter waits for its handshake."""
         for node in self.nodes if nodes is None else nodes:
             if node.poll() is not None:
-                raise RuntimeError(f"{node.name} process exited with code {node.returncode} during start-up:\n"
-                                   f"{node.tail()}")
+                how, tail = node.exit_report()
+                raise RuntimeError(f"{node.name} process {how} during start-up:\n{tail}")
 
     def await_hello(self, node: Node, timeout_s: float, check: Callable[[], None] | None = None) -> None:
         """Wait until the service `node` publishes a Hello on its spec's ready endpoint (its own start-up
@@ -165,7 +185,8 @@ class NodeGroup:
             if check is not None:
                 check()
             if node.poll() is not None:
-                raise RuntimeError(f"{node.name} exited with code {node.returncode} during start-up")
+                how, tail = node.exit_report()
+                raise RuntimeError(f"{node.name} process {how} during start-up:\n{tail}")
         try:
             transport.wait_for_hello([transport.Receiver(sock)], timeout_s, check=alive)
         finally:

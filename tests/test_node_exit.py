@@ -1,0 +1,41 @@
+"""A node that dies during start-up is named with how it ended (a signal by name, with its likely sender) and the
+end of its log, or the word that its log is empty: never "exited with code -9" and nothing after it."""
+from __future__ import annotations
+
+import pytest
+
+from edgeinfer.procs.nodes import Node, NodeGroup
+from edgeinfer.procs.spec import NodeSpec
+
+
+class _Ended:
+    """A process that has already ended with `returncode` (subprocess.Popen's convention: -N after signal N)."""
+
+    def __init__(self, returncode: int):
+        self.returncode, self.pid = returncode, 0
+
+    def poll(self) -> int:
+        return self.returncode
+
+
+def _dead(tmp_path, returncode: int, log_text: str | None) -> Node:
+    log = tmp_path / "runtime.log"
+    if log_text is not None:
+        log.write_text(log_text)
+    return Node(NodeSpec("serve", (), "runtime", log), _Ended(returncode))
+
+
+@pytest.mark.parametrize("code, log_text, match", [
+    (-9, "", r"(?s)runtime process was killed by SIGKILL \(exit code -9: the kernel's OOM killer, if no one ran "
+             r"kill -9 \(dmesg names its victims\)\) during start-up:\n\(its log .*runtime\.log is empty: it died "
+             r"before writing a line\)$"),
+    (-11, "loading engine\n", r"(?s)runtime process was killed by SIGSEGV \(exit code -11: a crash in native code.*"
+                              r"during start-up:\nloading engine\n$"),
+    (-15, "bye\n", r"(?s)runtime process was killed by SIGTERM \(exit code -15\) during start-up:\nbye\n$"),
+    (2, "usage: edgeinfer serve --obs\n", r"(?s)runtime process exited with code 2 during start-up:\nusage: .*--obs"),
+    (1, None, r"(?s)runtime process exited with code 1 during start-up:\n\(no log\)$"),
+])
+def test_start_up_death_says_how_and_shows_the_log(tmp_path, code, log_text, match):
+    node = _dead(tmp_path, code, log_text)
+    with pytest.raises(RuntimeError, match=match):
+        NodeGroup().check_started([node])
