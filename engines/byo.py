@@ -349,6 +349,9 @@ class ByoRuntime:
         self.n_chunks = 0
         self.t0_ns: int | None = None  # t_ns of the episode's first observation (phase fields count from it)
 
+    def set_budget_ms(self, budget_ms: float) -> None:
+        pass  # one forward pass per step: nothing to cut short
+
     def chunk_timing(self, period_ns: int) -> tuple[int, int]:
         """(control ticks between policy steps, rounded: 8 for a 30 Hz policy at 250 Hz, i.e. 31.25 Hz; the
         chunk step in ns, one policy period) for a control period of period_ns."""

@@ -147,7 +147,8 @@ def summarize(rec, log, cfg, deadline_ms: float, stride: int) -> tuple[dict, dic
                    f"{cfg.runtime.byo_spec.name}" if byo
                    else f"{cfg.runtime.backend} {cfg.runtime.precision} {cfg.runtime.device}"),
         "drafter": cfg.runtime.drafter if cfg.runtime.decode == "speculative" and not byo else None,
-        "budget_ms": cfg.runtime.scheduler.budget_ms,
+        "budget_ms": None if byo else cfg.runtime.scheduler.resolved_budget_ms(
+            cfg.runtime.replan_every_ticks or stride, rec.period_ns),
         "k_max": cfg.runtime.scheduler.k_max if cfg.runtime.decode == "speculative" else 0,
         "interrupted": rec.interrupted,
         "observations_sent": n,

@@ -103,6 +103,9 @@ class _AnchorOnlyRuntime:
     def chunk_timing(self, period_ns):
         return 5, period_ns * 5
 
+    def set_budget_ms(self, budget_ms):
+        self.budget_ms = budget_ms
+
     def step(self, obs, t_start_ns=None, step_ns=STEP, budget=True, on_first_step=None):
         return _chunk(obs.t_ns, [obs.q_rad], obs.seq, rung="continue")
 
@@ -179,16 +182,14 @@ def test_controller_holds_at_the_last_finite_observation_when_nothing_else_is_av
 V = 0.5  # rad/s: every joint of the ramp policy and of its "arm"
 
 
-class _RampRuntime:
+class _RampRuntime(_AnchorOnlyRuntime):
     """A two-joint policy that decodes at once: every joint moving at V rad/s from the observed position, for
-    H = 8 chunk steps of step_ns. Records when each observation it planned from was taken."""
+    H = 8 chunk steps of step_ns (replanning every 5 ticks; a chunk step of 5 ticks, 20 ms at 4 ms). Records when
+    each observation it planned from was taken."""
 
     def __init__(self, cfg):
-        self.policy = SimpleNamespace(cfg=SimpleNamespace(n_joints=2), manifest={})  # a manifest without "limits"
+        super().__init__(cfg)
         self.t_obs = []
-
-    def chunk_timing(self, period_ns):
-        return 5, period_ns * 5  # replan every 5 ticks; a chunk step of 5 ticks (20 ms at 4 ms)
 
     def step(self, obs, t_start_ns=None, step_ns=STEP, budget=True, on_first_step=None):
         self.t_obs.append(obs.t_ns)

@@ -193,3 +193,18 @@ def test_an_estimate_a_stall_inflated_expires_and_the_pass_is_measured_again(mon
     assert planner.plan(committed=1, remaining=5) == 0  # the stale samples expired: measured again
     lat.record("verify", 0, 1_000_000)
     assert lat.estimate_ns("verify", 0) == 1_000_000  # planned on the fresh sample alone
+
+
+def test_the_budget_defaults_to_the_time_between_two_chunk_starts():
+    # a policy at 20 Hz replanning every tick has 50 ms per chunk, not the Schunk policy's 20 ms: a fixed 20 ms
+    # budget sent a trained GR1 policy's every chunk down to the draft rung (speculative) or nothing (target-only)
+    cfg = SchedulerConfig()
+    assert cfg.resolved_budget_ms(1, 50_000_000) == 50.0
+    assert cfg.resolved_budget_ms(5, 4_000_000) == 20.0
+    assert SchedulerConfig(budget_ms=7.0).resolved_budget_ms(1, 50_000_000) == 7.0
+    with pytest.raises(ValueError, match="margin_ms"):
+        SchedulerConfig(margin_ms=0.5).resolved_budget_ms(1, 400_000)  # 0.4 ms: less than the margin
+    planner = TickPlanner(cfg)
+    planner.set_budget_ms(50.0)
+    planner.start(0)
+    assert planner.deadline_ns == int((50.0 - cfg.margin_ms) * 1e6)

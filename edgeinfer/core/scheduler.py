@@ -21,12 +21,17 @@ import numpy as np
 
 from edgeinfer.core.adaptive import SpeculationChooser
 
+UNRESOLVED_BUDGET_MS = 20.0  # a planner's budget before the control period is known (SchedulerConfig.budget_ms)
+
 
 @dataclass
 class SchedulerConfig:
     """The deadline planner: how many tokens each chunk may verify within its budget."""
 
-    budget_ms: float = 20.0  # from the observation being taken to its chunk being published, ms
+    # From the observation being taken to its chunk being published, ms (None: the time between two chunk starts,
+    # replan_every_ticks control periods: 20 ms for the Schunk policy at 250 Hz, 50 ms for a 20 Hz policy that
+    # replans every tick; resolved when the control period is known, see resolved_budget_ms).
+    budget_ms: float | None = None
     k_max: int = 16  # drafts per target pass, the most the planner may choose (0 = target-only)
     quantile: float = 0.99  # quantile of the measured operation costs the plan is built on
     window: int = 256  # cost samples kept per operation (the rolling window of the quantile)
@@ -37,10 +42,8 @@ class SchedulerConfig:
     probe_share: float = 0.01  # adaptive: the most of the decode time a drafter's probes may cost, fraction
 
     def __post_init__(self):
-        if not 0 < self.budget_ms <= 10_000:
-            raise ValueError(f"SchedulerConfig.budget_ms must be in (0, 10000], got {self.budget_ms}")
-        if not 0 <= self.margin_ms < self.budget_ms:
-            raise ValueError(f"SchedulerConfig.margin_ms must be in [0, budget_ms), got {self.margin_ms}")
+        if self.budget_ms is not None:
+            self.check_budget_ms(self.budget_ms)
         if not 16 <= self.window <= 100_000:
             raise ValueError(f"SchedulerConfig.window must be in 16..100000, got {self.window}")
         if not 0 <= self.k_max <= 64:
@@ -53,6 +56,20 @@ class SchedulerConfig:
             raise ValueError(f"SchedulerConfig.probe_share must be in (0, 1], got {self.probe_share}")
         if not 0.5 <= self.quantile < 1:
             raise ValueError(f"SchedulerConfig.quantile must be in [0.5, 1), got {self.quantile}")
+
+    def check_budget_ms(self, budget_ms: float) -> None:
+        """Raises ValueError unless 0 < budget_ms <= 10000 and margin_ms < budget_ms."""
+        if not 0 < budget_ms <= 10_000:
+            raise ValueError(f"SchedulerConfig.budget_ms must be in (0, 10000], got {budget_ms}")
+        if not 0 <= self.margin_ms < budget_ms:
+            raise ValueError(f"SchedulerConfig.margin_ms must be in [0, budget_ms={budget_ms}), got {self.margin_ms}")
+
+    def resolved_budget_ms(self, replan_every_ticks: int, period_ns: int) -> float:
+        """budget_ms, or (None) the time between two chunk starts: replan_every_ticks x period_ns, in ms.
+        Raises ValueError as check_budget_ms."""
+        budget = self.budget_ms if self.budget_ms is not None else replan_every_ticks * period_ns / 1e6
+        self.check_budget_ms(budget)
+        return budget
 
 
 def k_group(k: int) -> str:
@@ -144,6 +161,8 @@ class TickPlanner:
         self.chooser = SpeculationChooser(drafters, cfg.k_max, cfg.probe_every, probe_passes=cfg.probe_passes,
                                           probe_share=cfg.probe_share)
         self.deadline_ns = None
+        # until set_budget_ms (the runtime calls it when it learns the control period): the Schunk policy's 20 ms
+        self.budget_ms = cfg.budget_ms if cfg.budget_ms is not None else UNRESOLVED_BUDGET_MS
         self.drafter: str | None = drafters[0] if drafters and cfg.k_max else None
         self._chunk_k = cfg.k_max if self.drafter else 0
         self._passes_left: int | None = None  # speculative passes this chunk may still run (None: every pass)
@@ -155,10 +174,15 @@ class TickPlanner:
             self.drafter, self._chunk_k, self._passes_left = self.chooser.choose()
         return self.drafter
 
+    def set_budget_ms(self, budget_ms: float) -> None:
+        """Plan each chunk for budget_ms from its start (SchedulerConfig.resolved_budget_ms)."""
+        self.cfg.check_budget_ms(budget_ms)
+        self.budget_ms = budget_ms
+
     def start(self, t_start_ns: int | None = None) -> None:
         """Begin a chunk whose budget runs from t_start_ns (default: now)."""
         t = time.perf_counter_ns() if t_start_ns is None else t_start_ns
-        self.deadline_ns = t + int((self.cfg.budget_ms - self.cfg.margin_ms) * 1e6)
+        self.deadline_ns = t + int((self.budget_ms - self.cfg.margin_ms) * 1e6)
 
     def unlimited(self) -> None:
         """Plan without a deadline (warm-up and offline evaluation)."""

@@ -113,6 +113,7 @@ class Controller:
             self.runtime.warmup(self.runtime.warmup_observation())
         replan_every, self.step_ns = self.runtime.chunk_timing(self.period_ns)
         self.replan_ns = replan_every * self.period_ns  # replanning goes by time, whatever the caller's rate
+        self.runtime.set_budget_ms(self.cfg.runtime.scheduler.resolved_budget_ms(replan_every, self.period_ns))
         self._worker = threading.Thread(target=self._decode_loop, name="edgeinfer-decoder", daemon=True)
         self._worker.start()
         return self

@@ -133,6 +133,10 @@ class PolicyRuntime:
         """(control ticks between chunk starts, chunk step in ns) for a control period of period_ns."""
         return self.cfg.replan_every_ticks or self.policy.cfg.stride_ticks, period_ns * self.policy.cfg.stride_ticks
 
+    def set_budget_ms(self, budget_ms: float) -> None:
+        """Decode each chunk within budget_ms (SchedulerConfig.resolved_budget_ms, once the period is known)."""
+        self.planner.set_budget_ms(budget_ms)
+
     def warmup_observation(self) -> Observation:
         """The policy's warm-up state (the training data's mean for the built-in policy), for warm-up before the
         start."""
@@ -205,6 +209,9 @@ class NullRuntime:
 
     def chunk_timing(self, period_ns: int) -> tuple[int, int]:
         return self.cfg.replan_every_ticks or self.stride_ticks, period_ns * self.stride_ticks
+
+    def set_budget_ms(self, budget_ms: float) -> None:
+        pass  # a chunk that costs nothing has no budget to keep
 
     def warmup_observation(self) -> None:
         return None

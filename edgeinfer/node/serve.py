@@ -25,6 +25,7 @@ import zmq
 from edgeinfer.core import transport
 from edgeinfer.core.clock import now_ns, pin_to_cpus, wait_until
 from edgeinfer.core.lifecycle import ParentWatch
+from edgeinfer.core.scheduler import UNRESOLVED_BUDGET_MS
 from edgeinfer.core.wire import ActionChunk, Hello, Message, Observation, ObservationMismatch, Start, Stop
 from edgeinfer.node import faults
 from edgeinfer.node.echo import start_echo
@@ -69,7 +70,7 @@ class RuntimeNode:
         self._last_msg_ns = 0
         self._serving = False  # the handshake is over (every peer hears the chunk PUB)
         self.source = ObservationSource()
-        self._budget_ns = int(cfg.scheduler.budget_ms * 1e6)
+        self._budget_ns = int(UNRESOLVED_BUDGET_MS * 1e6)  # until a Start gives the control period (_begin)
         self._max_age_ns = int(cfg.max_obs_age_ms * 1e6) if cfg.max_obs_age_ms is not None else None
 
     def open(self) -> "RuntimeNode":
@@ -126,7 +127,7 @@ class RuntimeNode:
         cfg = self.cfg
         what = ("null policy" if cfg.null_policy else f"bring-your-own {cfg.byo_spec}" if cfg.byo_spec
                 else f"{cfg.decode} on {cfg.backend} {cfg.precision}")
-        print(f"runtime: {'re' if mid_run else ''}started ({what}, budget {cfg.scheduler.budget_ms} ms)", flush=True)
+        print(f"runtime: {'re' if mid_run else ''}started ({what}, budget {self._budget_ns / 1e6:g} ms)", flush=True)
         self._last_msg_ns = now_ns()
         self._serving = True
         if self.source.clock.offset:  # revealed in the handshake, before every peer could hear an ErrorEvent
@@ -188,6 +189,9 @@ class RuntimeNode:
             return  # the same Start again
         self.liveliness.schedule(start)
         self.replan_every, self.step_ns = self.runtime.chunk_timing(start.period_ns)
+        budget_ms = self.cfg.scheduler.resolved_budget_ms(self.replan_every, start.period_ns)
+        self._budget_ns = int(budget_ms * 1e6)
+        self.runtime.set_budget_ms(budget_ms)
         self._window = DueWindow(int(self.cfg.obs_spin_us * 1e3), start.period_ns)
         if restart:
             self.telemetry.log.line("source_restart", "the observation source restarted (a new Start); serving it "
