@@ -132,7 +132,8 @@ def target_data(target: Policy, cfg: DistillConfig) -> FitData:
         return load_fit_data(dataclasses.replace(cfg, data=SCHUNK_DATA))
     split = recorded["split"]
     fmt = recorded["format"] if "+" not in recorded["format"] else None  # a folder of several formats: detect
-    data = load_fit_data(dataclasses.replace(cfg, data=Path(recorded["source"]), log_format=fmt,
+    source = Path(recorded.get("source_resolved") or recorded["source"])  # "source" is as given, maybe relative
+    data = load_fit_data(dataclasses.replace(cfg, data=source, log_format=fmt,
                                              held_out=split["held_out_option"], **recorded["reader_options"]))
     now = data.manifest(0, 0)["split"]
     if (now["train"], now["held_out"]) != (split["train"], split["held_out"]):

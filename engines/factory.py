@@ -175,7 +175,11 @@ def _build(entry: dict, where: str, manifest_path: Path, cfg: FactoryPolicyConfi
                          f"got {name!r}")
     if not isinstance(args, dict):
         raise ValueError(f"{manifest_path}: {where}factory_args must be an object, got {type(args).__name__}")
-    parts = import_factory(name, manifest_path.parent)(cfg, **args)
+    factory = import_factory(name, manifest_path.parent)
+    try:
+        parts = factory(cfg, **args)
+    except Exception as e:  # the user's code: any error, named with the manifest and the factory
+        raise ValueError(f"{manifest_path}: {where}factory {name} raised {type(e).__name__}: {e}") from e
     head = f"{manifest_path}: {where}factory {name} returned"
     if not (isinstance(parts, PolicyParts) and isinstance(parts.model, torch.nn.Module) and callable(parts.features)):
         raise ValueError(f"{head} {type(parts).__name__}, expected PolicyParts(model: torch.nn.Module, tokenizer, "

@@ -53,10 +53,11 @@ def default_stride_ticks(rate_hz: float) -> int:
 
 
 def default_horizon(step_s: float, n_joints: int) -> int:
-    """Chunk steps H with H * n_joints <= TOKENS_PER_S * step_s, in 1..MAX_DEFAULT_HORIZON (Schunk 6 joints,
+    """Chunk steps H with H * n_joints <= TOKENS_PER_S * step_s, in 2..MAX_DEFAULT_HORIZON (Schunk 6 joints,
     20 ms: 8; Reachy 2 19 joints, 33 ms: 4; GR1 44 joints, 50 ms: 2)."""
     tokens = round(TOKENS_PER_S * step_s, 6)  # 2400 x 0.02 is 48.000000000000007
-    return int(np.clip(tokens // n_joints, 1, MAX_DEFAULT_HORIZON))
+    # at least 2: a one-step chunk ends when the next one is only being decoded, so every other tick would hold
+    return int(np.clip(tokens // n_joints, 2, MAX_DEFAULT_HORIZON))
 
 
 @dataclass(kw_only=True)
@@ -131,7 +132,8 @@ class FitData:
         if self.by == "time":
             split["held_out_from_s"] = float(self.held_out[0].log.t_s[0])
         logs = [u.log for u in self.units]
-        return {"source": str(self.cfg.data), "format": self.fmt, "reader_options": self.cfg.reader_options(),
+        return {"source": str(self.cfg.data), "source_resolved": str(self.cfg.data.resolve()), "format": self.fmt,
+                "reader_options": self.cfg.reader_options(),
                 "joint_names": logs[0].joint_names, "rate_hz": round(self.rate_hz, 3),
                 "qd_from_differences": any(g.qd_from_differences for g in logs),
                 "q_from_integration": any(g.q_from_integration for g in logs), "split": split}

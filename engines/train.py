@@ -69,6 +69,12 @@ class TrainConfig(FitConfig):
         for name in ("horizon", "stride_ticks"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"TrainConfig.{name} must be >= 1, got {getattr(self, name)}")
+        if self.horizon is not None and self.horizon > MAX_HORIZON:
+            raise ValueError(f"TrainConfig.horizon must be <= {MAX_HORIZON} chunk steps, got {self.horizon} (a chunk "
+                             "of horizon x joints tokens is decoded one target pass at a time)")
+
+
+MAX_HORIZON = 64  # chunk steps a trained policy may have (the wire carries up to 256)
 
 
 def warmup_fraction(steps: int) -> float:

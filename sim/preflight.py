@@ -75,7 +75,7 @@ def log_defaults(cfg: ReplayConfig, console: Console | None = None) -> tuple[dic
     by_episode = split.get("by") == "episode"  # the episodes are the split's units, not a reader option
     taken = {k: v for k, v in (data.get("reader_options") or {}).items()
              if v is not None and k not in given and not (by_episode and k == "episode")}
-    source = data.get("source")
+    source = data.get("source_resolved") or data.get("source")  # as given: relative to where training ran
     if ("episode" not in given and by_episode and split.get("held_out") and source is not None
             and Path(source).resolve() == Path(cfg.log).resolve()):
         taken["episode"] = int(split["held_out"][0])

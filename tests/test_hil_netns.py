@@ -85,9 +85,10 @@ def test_hil_over_a_veth_link_cut_mid_run(link, keys, schunk_dir, tmp_path):
     assert r["outcomes"]["on_time"] > 50
     assert control["runtime_lost"] >= 1
     # at least the last ~1 s of the 3.7 s log; the control loop also counts the pre-roll's holds, and a loaded
-    # host may let it tick once or twice past the last row before the Stop (held: the runtime is gone)
+    # host may let it tick past the last row before the Stop reaches it (held: the runtime is gone): up to a
+    # 100 ms stall's 25 ticks (6 seen under two burners, a training run and a breaker)
     held = r["outcomes"]["hold"] + r["start_up"]["outcomes"]["hold"]
-    assert held <= control["holds"] <= held + 2
+    assert held <= control["holds"] <= held + 25
     assert r["outcomes"]["hold"] > 200
     # the network figures stay separate from the inference: probes lost after the cut are counted, not timed
     assert r["network"]["during"]["lost"] >= 1

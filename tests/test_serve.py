@@ -109,3 +109,15 @@ def test_the_runtime_replans_every_chunk_step_unless_told():
     assert NullRuntime(RuntimeConfig(null_policy=True), stride_ticks=5).chunk_timing(4_000_000) == (5, 20_000_000)
     told = RuntimeConfig(null_policy=True, replan_every_ticks=2)
     assert NullRuntime(told, stride_ticks=5).chunk_timing(4_000_000) == (2, 20_000_000)
+
+
+def test_an_observation_of_another_joint_count_is_refused_not_fatal():
+    # a 6-joint policy fed 5 joints raised a numpy broadcast error inside the drafter, which ended the serve node;
+    # ObservationMismatch is counted (error.obs_mismatch) and skipped by RuntimeNode.step
+    from edgeinfer.core.wire import ObservationMismatch
+    from edgeinfer.node.runtime import PolicyRuntime
+
+    runtime = PolicyRuntime(RuntimeConfig())
+    five = np.zeros(5)
+    with pytest.raises(ObservationMismatch, match="5 joints, the policy has 6"):
+        runtime.step(Observation(seq=0, t_ns=0, q_rad=five, qd_rad_s=five, q_prev_rad=five), budget=False)

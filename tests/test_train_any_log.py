@@ -199,3 +199,11 @@ def test_distill_reuses_the_targets_data_and_split(trained, tmp_path):
     m = draft.manifest["metrics_held_out"]
     assert m["windows"] == target["data"]["split"]["held_out_windows"]
     assert 0 <= m["acceptance_rate"] <= 1 and 1 <= m["tokens_per_pass"] <= cfg.eval_k + 1
+
+
+def test_the_default_horizon_covers_the_next_chunk_and_a_horizon_is_bounded(tmp_path):
+    # 64 joints at 100 Hz gave H = 1: each chunk ended as the next was decoded, and every other tick held
+    assert default_horizon(0.02, 64) == 2
+    assert default_horizon(0.02, 6) == 8 and default_horizon(1 / 30, 19) == 4
+    with pytest.raises(ValueError, match="horizon must be <= 64"):
+        TrainConfig(data=tmp_path, horizon=100, out=tmp_path / "p.json")

@@ -49,8 +49,9 @@ class WireError(ValueError):
 
 
 class ObservationMismatch(ValueError):
-    """A valid Observation that does not fit its consumer: a channel the policy reads is missing from its
-    extra_layout, or has another width. Counted and skipped by the runtime node, never fatal."""
+    """A valid Observation that does not fit its consumer: another joint count than the policy's, or a channel the
+    policy reads missing from its extra_layout or of another width. Counted and skipped by the runtime node, never
+    fatal."""
 
 
 @dataclass

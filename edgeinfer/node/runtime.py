@@ -22,7 +22,7 @@ from edgeinfer.core.acceptance import Greedy, Relaxed, Sampling
 from edgeinfer.core.clock import now_ns
 from edgeinfer.core.scheduler import SchedulerConfig, TickPlanner
 from edgeinfer.core.speculative import speculative_decode
-from edgeinfer.core.wire import ActionChunk, Observation
+from edgeinfer.core.wire import ActionChunk, Observation, ObservationMismatch
 from edgeinfer.engines.drafters import DRAFTERS, make_drafter
 from edgeinfer.engines.paths import DEFAULT_POLICY
 from edgeinfer.node.faults import FaultConfig
@@ -158,6 +158,8 @@ class PolicyRuntime:
         has verified it (a `partial` chunk of one step, same observation), before the rest is decoded: the
         control loop can act on the new observation one chunk earlier (time to first action)."""
         p, d = self.policy, self.policy.cfg.n_joints
+        if obs.q_rad.shape != (d,):
+            raise ObservationMismatch(f"{obs.q_rad.shape[0]} joints, the policy has {d}")
         self.planner.start(t_start_ns) if budget else self.planner.unlimited()
         chosen = self.planner.choose()  # this chunk's drafter (None: target-only)
         drafter = self.drafters[chosen] if chosen is not None else None

@@ -162,7 +162,7 @@ class RuntimeNode:
         if t_start_ns is not None:
             try:
                 chunk = self._decode(obs, t_start_ns)
-            except ObservationMismatch as e:  # valid on the wire, not what the policy reads (a channel missing)
+            except ObservationMismatch as e:  # valid on the wire, not what the policy reads (joints, a channel)
                 self.telemetry.report("obs_mismatch", f"observation {obs.seq}: {e}")
                 return True
             self._publish(chunk, obs)
