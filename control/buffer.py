@@ -3,8 +3,10 @@
 A chunk's `steps_rad` (H+1, D) holds the observed joint positions at t_obs (row 0, the anchor) followed
 by H targets at t_obs + h * step_ns. It covers [t_obs, t_obs + H * step_ns]; between rows the target is
 linearly interpolated. The newest chunk that covers a tick wins; falling back to an older one is the
-"continue" rung. A chunk published early with its first verified step only is replaced by the rest of
-the same chunk (same observation, more steps) when that arrives.
+"continue" rung. A chunk published early with its first verified row only is replaced by the rest of
+the same chunk when that arrives (same observation; more steps, or as many from more verified tokens: a DCT
+chunk spans the whole horizon from its first row on, rung "coarse", and is refined in place). Every rung that
+carries steps is interpolated and stitched alike: a coarse chunk is a whole-horizon chunk like a full one.
 
 Stitching across chunk boundaries: when a newer chunk takes over, its target at that tick differs from
 the target the previous chunk would have given (the boundary jump: the two were planned from different
@@ -93,9 +95,9 @@ class ChunkBuffer:
         """Take a chunk in. t_ns: the next tick to command (monotonic ns; None: the last sample's, and no time check
         before the first sample); now_ns: the caller's clock now (None: t_ns). None when the chunk was taken;
         otherwise why not, and it is ignored: implausible at now_ns (see `implausible`), expired (its whole horizon
-        ends before t_ns), superseded (no target beyond the anchor, older than the newest, or as old with no more
-        steps). A chunk of the newest one's observation with more steps replaces it (the rest of an early first
-        step)."""
+        ends before t_ns), superseded (no target beyond the anchor, older than the newest, or as old and neither
+        more steps nor, with as many, more tokens). A chunk of the newest one's observation with more steps, or as
+        many from more tokens, replaces it (the rest of an early first step)."""
         if len(chunk.steps_rad) < 2:
             return Refusal("superseded", "anchor only")
         t_ns = t_ns if t_ns is not None else self._t_ns
@@ -105,7 +107,8 @@ class ChunkBuffer:
             return Refusal("expired", "its whole horizon has passed")
         if self._chunks and chunk.t_obs_ns <= self._chunks[0].t_obs_ns:
             head = self._chunks[0]
-            if chunk.t_obs_ns < head.t_obs_ns or len(chunk.steps_rad) <= len(head.steps_rad):
+            if chunk.t_obs_ns < head.t_obs_ns or (len(chunk.steps_rad), chunk.tokens) <= (len(head.steps_rad),
+                                                                                           head.tokens):
                 return Refusal("superseded", "older than the newest")
             self._chunks[0] = chunk
             self._serving = chunk if self._serving is head else self._serving

@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
         if command == chosen:  # only the command being run imports its config classes: most never import torch
             add_options(p, *config_classes(command))
             argv = argv[:1] + expand_bool_flags(p, argv[1:])  # a bool option alone means true
-    if argv[:1] == ["bench"] and argv[1:2] in (["engines"], ["spec"], ["transport"]):  # a suite: its own parser and -h
+    if argv[:1] == ["bench"] and argv[1:2] in (["engines"], ["spec"], ["transport"], ["anytime"]):  # a suite: own -h
         args = argparse.Namespace(command="bench", suite=argv[1], rest=argv[2:])
     else:
         args = parser.parse_args(argv)
@@ -140,6 +140,10 @@ def _run(args, parser) -> int:
             from edgeinfer.bench.engines import main as bench_engines
 
             return bench_engines(args.rest)
+        if args.suite == "anytime":
+            from edgeinfer.bench.anytime import main as bench_anytime
+
+            return bench_anytime(args.rest)
         from edgeinfer.bench.suite import main as bench
 
         return bench(args.rest)

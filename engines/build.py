@@ -36,11 +36,13 @@ def load_engine(policy: Policy, backend: str = "torch", precision: str = "fp32",
 @dataclass
 class BuildConfig:
     """An engine build, gated on held-out quality: the build fails when token agreement with the fp32 target
-    falls below min_token_agreement, or the action RMSE exceeds the fp32 target's by more than max_rmse_increase."""
+    falls below min_token_agreement, or the action RMSE exceeds the fp32 target's by more than max_rmse_increase.
+    An engine whose token agreement is below 1.0 is labelled LOSSY (summary["lossy"]), passed or not; a lossy
+    precision is never a candidate of backend auto (engines/auto.py)."""
 
     policy: Path = DEFAULT_POLICY  # the policy's manifest JSON
-    backend: Literal["torch", "onnxruntime", "tensorrt"] = "onnxruntime"  # the engine built
-    precision: Literal["fp32", "bf16", "fp8"] = "fp32"  # the engine's precision
+    backend: Literal["torch", "onnxruntime", "tensorrt", "fused"] = "onnxruntime"  # the engine built
+    precision: Literal["fp32", "bf16", "fp8", "int8"] = "fp32"  # the engine's precision (int8: onnxruntime on cpu)
     device: str = "cpu"  # the engine's device (cpu, cuda, cuda:1, ...)
     # Real recordings whose held-out runs the quality gate decodes (None: $EDGEINFER_DATA_DIR, else
     # ../shared/data/schunk_lwa4p).
@@ -87,6 +89,7 @@ def build(cfg: BuildConfig, console: Console | None = None) -> dict:
         "quality": quality,
         "gate": {"min_token_agreement": cfg.min_token_agreement, "max_action_rmse_rad": rmse_limit},
         "passed": quality["token_agreement"] >= cfg.min_token_agreement and quality["action_rmse_rad"] <= rmse_limit,
+        "lossy": quality["token_agreement"] < 1.0,  # not token-identical to fp32 target-only greedy decoding
     }
     _print_summary(summary, console)
     if cfg.json:
@@ -105,7 +108,7 @@ def _print_summary(s: dict, console: Console) -> None:
         table.add_row("plan size", f"{plan.get('bytes', 0) / 1024:.1f} KiB")
         table.add_row("build time", f"{plan.get('build_s', 0):.2f} s" + (" (cached)" if plan.get("cached") else ""))
     else:
-        table.add_row("plan", "none: the torch backend runs the weights directly")
+        table.add_row("plan", f"none: the {s['backend']} backend runs the weights directly")
     table.add_row("opened in", f"{s['open_s']:.2f} s")
     table.add_row("held-out observations", str(q["observations"]))
     table.add_row("token agreement vs fp32", f"{q['token_agreement']:.4f} (gate >= {gate['min_token_agreement']})")
@@ -114,4 +117,5 @@ def _print_summary(s: dict, console: Console) -> None:
     table.add_row("action RMSE", f"{q['action_rmse_rad'] * 1e3:.4f} mrad (gate <= {limit:.4f})")
     table.add_row("fp32 target action RMSE", f"{q['ref_action_rmse_rad'] * 1e3:.4f} mrad")
     table.add_row("quality gate", "[green]PASS[/green]" if s["passed"] else "[red]FAIL[/red]")
+    table.add_row("exactness", "[yellow]LOSSY[/yellow] (tokens differ from fp32 greedy)" if s["lossy"] else "exact")
     console.print(table)

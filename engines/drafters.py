@@ -22,6 +22,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from edgeinfer.core.protocols import Drafter
+from edgeinfer.engines.dct_tokenizer import DctTokenizer
 from edgeinfer.engines.tokenizer import ActionTokenizer
 
 DEFAULT_DRAFT = Path(__file__).resolve().parent / "weights" / "schunk_draft.json"  # engines/distill.py
@@ -48,6 +49,9 @@ class KinematicDrafter:
     name = "kinematic"
 
     def __init__(self, tokenizer: ActionTokenizer):
+        if getattr(tokenizer, "kind", "step") != "step":
+            raise ValueError(f"KinematicDrafter drafts step tokens, not {tokenizer.kind!r} ones: build the kinematic "
+                             "drafter with kinematic_drafter(tokenizer) or make_drafter('kinematic', policy)")
         self.tok = tokenizer
         self.d = tokenizer.n_joints
         self._first_tokens = [0] * self.d
@@ -73,6 +77,38 @@ class KinematicDrafter:
     def propose_dist(self, tokens, k, warp, rng):
         drafts = self.propose(tokens, k)
         return drafts, one_hot(drafts, self.tok.n_bins)
+
+
+class DctKinematicDrafter:
+    """The kinematic drafter in DCT space (engines/dct_tokenizer.py): the constant-velocity extrapolation of each
+    joint over the whole horizon, offset[h] = (h+1) * (q - q_prev), h = 0..H-1, tokenised once per chunk; draft
+    token p is its token p. A coefficient does not follow from the ones before it the way a step follows from
+    the steps before it, so the drafts ignore the committed tokens (the target corrects them)."""
+
+    name = "kinematic"
+
+    def __init__(self, tokenizer: DctTokenizer):
+        self.tok = tokenizer
+        self._tokens = [0] * (tokenizer.horizon * tokenizer.n_joints)
+
+    def reset(self, q_rad, qd_rad_s, q_prev_rad) -> None:
+        increment = np.asarray(q_rad, dtype=np.float64) - np.asarray(q_prev_rad, dtype=np.float64)
+        steps = np.arange(1, self.tok.horizon + 1)[:, None]  # (H, 1) chunk steps ahead
+        self._tokens = self.tok.encode(steps * increment[None, :]).tolist()  # all H*D tokens
+
+    def propose(self, tokens: Sequence[int], k: int) -> list[int]:
+        n = len(tokens)
+        return self._tokens[n:n + k]
+
+    def propose_dist(self, tokens, k, warp, rng):
+        drafts = self.propose(tokens, k)
+        return drafts, one_hot(drafts, self.tok.n_bins)
+
+
+def kinematic_drafter(tokenizer: ActionTokenizer | DctTokenizer) -> KinematicDrafter | DctKinematicDrafter:
+    """The kinematic drafter for a tokenizer's kind: KinematicDrafter (step; also a factory policy's tokenizer,
+    which has no kind and decodes step-major, engines/factory.py) or DctKinematicDrafter (dct)."""
+    return {"step": KinematicDrafter, "dct": DctKinematicDrafter}[getattr(tokenizer, "kind", "step")](tokenizer)
 
 
 class ModelDrafter:
@@ -108,7 +144,7 @@ class ModelDrafter:
             raise ValueError(f"ModelDrafter.max_passes must be >= 1 or None, got {max_passes}")
         self.name, self.engine, self.policy = name, engine, policy  # policy: the draft model's normalisation
         self.max_passes = max_passes
-        self.guess = KinematicDrafter(policy.tokenizer)
+        self.guess = kinematic_drafter(policy.tokenizer)
         self.passes = 0  # draft-engine passes so far (prefills included): the drafter's cost in passes
         self._fed: list[int] = []
         self._obs: np.ndarray | None = None  # the chunk's features until the draft engine's prefill has run
@@ -249,7 +285,7 @@ def _model(policy, device: str = "cpu") -> Drafter:
 
 
 DRAFTERS: dict[str, Callable[..., Drafter]] = {
-    "kinematic": lambda policy: KinematicDrafter(policy.tokenizer),
+    "kinematic": lambda policy: kinematic_drafter(policy.tokenizer),
     "early-exit": _early_exit,
     "learned": _learned,
     "model": _model,

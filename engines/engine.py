@@ -4,22 +4,28 @@ The interface every backend implements is `Engine` in edgeinfer/core/protocols.p
 
 Backends (name -> module), availability checked here only:
     torch         CPU eager; CUDA with decode/verify captured in CUDA graphs; fp32, bf16, fp8
-    onnxruntime   ONNX with explicit KV-cache inputs/outputs; CPU EP, CUDA/TensorRT EPs with onnxruntime-gpu
+    onnxruntime   ONNX with explicit KV-cache inputs/outputs; CPU EP, CUDA/TensorRT EPs with onnxruntime-gpu; fp32,
+                  int8 weights on cpu (engines/int8.py)
     tensorrt      FP8 engines from ModelOpt Q/DQ ONNX, strongly typed (needs tensorrt and a GPU)
+    fused         the whole pass as one numba-compiled CPU function, fp32 weights, float64 arithmetic
 """
 from __future__ import annotations
 
 import importlib
 import importlib.util
 
-PRECISIONS = ("fp32", "bf16", "fp8")
-BUILDS = {"torch": PRECISIONS, "onnxruntime": ("fp32",), "tensorrt": ("fp32", "fp8")}  # precisions per backend
+PRECISIONS = ("fp32", "bf16", "fp8", "int8")
+LOSSY_PRECISIONS = ("bf16", "fp8", "int8")  # never exact by construction: gated on quality (engines/build.py)
+# precisions per backend
+BUILDS = {"torch": ("fp32", "bf16", "fp8"), "onnxruntime": ("fp32", "int8"), "tensorrt": ("fp32", "fp8"),
+          "fused": ("fp32",)}
 
 # name -> (module, class) imported on first use, so that no backend's library is imported unless asked for
 BACKENDS = {
     "torch": ("edgeinfer.engines.torch_engine", "TorchEngine"),
     "onnxruntime": ("edgeinfer.engines.ort_engine", "OrtEngine"),
     "tensorrt": ("edgeinfer.engines.trt_engine", "TrtEngine"),
+    "fused": ("edgeinfer.engines.fused_engine", "FusedEngine"),
 }
 
 
@@ -32,9 +38,14 @@ def cuda_available() -> bool:
 
 
 def unavailable_reason(backend: str, device: str = "cpu") -> str | None:
-    """Why `backend` cannot run on `device` here (None when it can). The one place that probes libraries."""
+    """Why `backend` cannot run on `device` here (None when it can). The one place that probes libraries.
+    "auto" (engines/auto.py) runs wherever one exact backend does: it asks this of each."""
+    if backend == "auto":
+        return None
     if backend not in BACKENDS:
         return f"unknown backend {backend!r}; known: {sorted(BACKENDS)}"
+    if backend == "fused" and device != "cpu":  # said first: a GPU would not help
+        return "fused runs on the CPU only (a numba-compiled pass)"
     if device.startswith("cuda") and not cuda_available():
         return "no CUDA device visible to torch"
     if backend == "onnxruntime":
@@ -46,6 +57,8 @@ def unavailable_reason(backend: str, device: str = "cpu") -> str | None:
 
             if "CUDAExecutionProvider" not in ort.get_available_providers():
                 return "onnxruntime has no CUDAExecutionProvider (pip install onnxruntime-gpu)"
+    if backend == "fused" and importlib.util.find_spec("numba") is None:
+        return "numba is not installed (pip install numba)"
     if backend == "tensorrt":
         if not device.startswith("cuda"):
             return "tensorrt runs on CUDA devices only"

@@ -25,7 +25,10 @@ def greedy_decode_batch(model: ActionTransformer, obs: torch.Tensor) -> np.ndarr
 
 def evaluate_policy(policy, feats: np.ndarray, offsets: np.ndarray, batch: int = 4096) -> dict:
     """Held-out metrics: greedy action RMSE (rad) against the recorded future, token accuracy, and the
-    RMSE of two model-free baselines (hold position; constant velocity from the last chunk step)."""
+    RMSE of two model-free baselines (hold position; constant velocity from the last chunk step).
+    The *_per_prefix lists give, for r = 1..H verified rows (r*D tokens), the RMSE of what those rows decode
+    against the recorded future over the steps they decode: the first r steps for step tokens, the whole
+    horizon for DCT tokens (engines/dct_tokenizer.py), of the greedy tokens and of the tokenized future."""
     x = torch.as_tensor(policy.normalise(feats))
     tokens = np.concatenate([greedy_decode_batch(policy.model, x[i:i + batch]) for i in range(0, len(x), batch)])
     pred = policy.tokenizer.decode(tokens)
@@ -34,12 +37,19 @@ def evaluate_policy(policy, feats: np.ndarray, offsets: np.ndarray, batch: int =
     const_vel = last_inc[:, None, :] * np.arange(1, offsets.shape[1] + 1)[None, :, None]
     ref_tokens = policy.tokenizer.encode(offsets)
     rmse = lambda e: float(np.sqrt(np.mean(e ** 2)))  # noqa: E731
+
+    def per_prefix(tok: np.ndarray) -> list[float]:
+        decoded = [policy.tokenizer.decode(tok[:, :r * d]) for r in range(1, offsets.shape[1] + 1)]
+        return [rmse(x - offsets[:, :x.shape[1]]) for x in decoded]
+
     return {
         "windows": int(len(feats)),
         "action_rmse_rad": rmse(pred - offsets),
         "action_rmse_rad_per_step": [rmse(pred[:, h] - offsets[:, h]) for h in range(offsets.shape[1])],
         "token_accuracy_greedy": float(np.mean(tokens == ref_tokens)),
+        "action_rmse_rad_per_prefix": per_prefix(tokens),
         "tokenizer_rmse_rad": rmse(policy.tokenizer.decode(ref_tokens) - offsets),
+        "tokenizer_rmse_rad_per_prefix": per_prefix(ref_tokens),
         "baseline_hold_rmse_rad": rmse(offsets),
         "baseline_const_velocity_rmse_rad": rmse(const_vel - offsets),
     }

@@ -55,6 +55,15 @@ class PolicyConfig(ChunkShape):
         return asdict(self)
 
 
+# `edgeinfer train --size`: the transformer's shape per size. small is PolicyConfig's default (the shipped
+# schunk_target, 0.11 M parameters on the Schunk chunk); large has 3.2 M, where arithmetic, not framework
+# dispatch, starts to set an engine's time (issue 18).
+POLICY_SIZES = {
+    "small": {"d_model": 64, "n_layers": 2, "n_heads": 4},
+    "large": {"d_model": 256, "n_layers": 4, "n_heads": 8},
+}
+
+
 class Block(nn.Module):
     def __init__(self, cfg: PolicyConfig):
         super().__init__()

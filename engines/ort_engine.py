@@ -16,6 +16,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from edgeinfer.engines.cache import EngineCache, engine_key_fields, plan_summary
+from edgeinfer.engines.int8 import INT8_METHOD, export_int8
 from edgeinfer.engines.model import PolicyConfig
 from edgeinfer.engines.onnx_export import export_onnx
 
@@ -45,10 +46,10 @@ def make_session(plan: Path, device: str = "cpu", threads: int = 1):
     return ort.InferenceSession(str(plan), so, providers=providers)
 
 
-def _check_precision(precision: str) -> None:
-    if precision != "fp32":
-        raise ValueError(f"precision={precision!r}: onnxruntime backend builds fp32 on cpu; "
-                         "bf16/fp8: use torch or tensorrt")
+def _check_precision(precision: str, device: str = "cpu") -> None:
+    if precision not in ("fp32", "int8") or (precision == "int8" and device.startswith("cuda")):
+        raise ValueError(f"precision={precision!r} on {device}: onnxruntime backend builds fp32, and int8 on cpu "
+                         "(engines/int8.py); bf16/fp8: use torch or tensorrt")
 
 
 class _Pass:
@@ -76,16 +77,17 @@ class _Pass:
 
 
 class OrtEngine:
-    """Engine (see engines/engine.py) running the exported target with ONNX Runtime, fp32.
+    """Engine (see engines/engine.py) running the exported target with ONNX Runtime, fp32 (or int8 weights on cpu:
+    engines/int8.py; LOSSY unless its build gate measures otherwise).
 
-    session: an InferenceSession on a plan from export_onnx (see make_session). device: "cpu" or
-    "cuda[:i]" (the KV buffers live there). Raises ValueError for a precision other than fp32.
+    session: an InferenceSession on a plan from export_onnx or export_int8 (see make_session). device: "cpu" or
+    "cuda[:i]" (the KV buffers live there). Raises ValueError for a precision other than fp32 or int8 (cpu).
     """
 
     backend = "onnxruntime"
 
     def __init__(self, session, cfg: PolicyConfig, precision: str = "fp32", device: str = "cpu"):
-        _check_precision(precision)
+        _check_precision(precision, device)
         import onnxruntime as ort
 
         self.session = session
@@ -106,11 +108,14 @@ class OrtEngine:
                     cache: EngineCache | None = None, log: Callable[[str], None] = print) -> "OrtEngine":
         """Export the target of `policy` (or take its plan from `cache`, default EngineCache()), open a session.
 
-        Raises ValueError for a precision other than fp32 (before building anything)."""
-        _check_precision(precision)
+        Raises ValueError for a precision other than fp32 or int8 on cpu (before building anything)."""
+        _check_precision(precision, device)
         cache = cache if cache is not None else EngineCache()
-        fields = engine_key_fields(policy, cls.backend, precision, device)
-        plan, meta, built = cache.get_or_build(fields, lambda path: export_onnx(policy, path), log=log)
+        fields = engine_key_fields(policy, cls.backend, precision, device)  # the key holds the precision
+        export = export_onnx
+        if precision == "int8":  # and how it was quantised
+            fields, export = fields | {"int8_method": INT8_METHOD}, export_int8
+        plan, meta, built = cache.get_or_build(fields, lambda path: export(policy, path), log=log)
         engine = cls(make_session(plan, device, threads), policy.cfg, precision, device)
         engine.plan = plan_summary(plan, meta, built)
         return engine

@@ -4,6 +4,9 @@ from pathlib import Path
 
 WEIGHTS_DIR = Path(__file__).resolve().parent / "weights"
 DEFAULT_POLICY = WEIGHTS_DIR / "schunk_target.json"  # the Schunk action-token target's manifest
+LARGE_POLICY = WEIGHTS_DIR / "schunk_large_target.json"  # the same data and split, `edgeinfer train --size large`
+DCT_POLICY = WEIGHTS_DIR / "schunk_dct_target.json"  # the same data, split and seed, `--tokenizer dct`
+DCT_DRAFT = WEIGHTS_DIR / "schunk_dct_draft.json"  # its learned drafter, distilled as schunk_draft
 TRAINED_DIR = Path("out") / "policies"  # default folder of `edgeinfer train` / `distill` outputs, under the cwd
 
 

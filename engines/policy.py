@@ -19,9 +19,10 @@ import numpy as np
 import torch
 
 from edgeinfer.core.config import load
+from edgeinfer.engines.dct_tokenizer import DctTokenizer
 from edgeinfer.engines.model import ActionTransformer, PolicyConfig
 from edgeinfer.engines.paths import DEFAULT_POLICY
-from edgeinfer.engines.tokenizer import ActionTokenizer
+from edgeinfer.engines.tokenizer import ActionTokenizer, tokenizer_from_state
 
 
 def observation_features(q_rad: np.ndarray, qd_rad_s: np.ndarray, q_prev_rad: np.ndarray) -> np.ndarray:
@@ -51,7 +52,7 @@ class Policy:
     """A trained action-token policy. `model` is the target; decode with edgeinfer.core.speculative."""
 
     model: ActionTransformer
-    tokenizer: ActionTokenizer
+    tokenizer: ActionTokenizer | DctTokenizer  # by the manifest's tokenizer "kind" (tokenizer_from_state)
     feat_mean: np.ndarray  # (obs_dim,)
     feat_std: np.ndarray  # (obs_dim,)
     manifest: dict
@@ -96,8 +97,10 @@ class Policy:
 def load_policy(manifest_path: Path | str = DEFAULT_POLICY, manifest: dict | None = None) -> Policy:
     """Load the built-in action-token policy from its manifest JSON (manifest: its content, if already read).
 
-    Raises FileNotFoundError if a file is missing, ValueError if the weights' sha256 does not match, the
-    manifest's config is not a PolicyConfig (naming the key), or it names a factory (engines/served.py).
+    The tokenizer is the manifest's "tokenizer" by its "kind" (engines/tokenizer.tokenizer_from_state: step when
+    absent, or dct). Raises FileNotFoundError if a file is missing, ValueError if the weights' sha256 does not
+    match, the manifest's config is not a PolicyConfig (naming the key), the tokenizer's kind is unknown or its
+    shape does not fit the config, or it names a factory (engines/served.py).
     """
     manifest_path = Path(manifest_path)
     manifest = json.loads(manifest_path.read_text()) if manifest is None else manifest
@@ -112,9 +115,15 @@ def load_policy(manifest_path: Path | str = DEFAULT_POLICY, manifest: dict | Non
     model = ActionTransformer(load(PolicyConfig, manifest["config"], where="config", file=manifest_path))
     model.load_state_dict(torch.load(weights_path, weights_only=True, map_location="cpu"))
     model.eval()
+    tokenizer = tokenizer_from_state(manifest["tokenizer"])
+    cfg = model.cfg
+    if (tokenizer.n_joints, tokenizer.n_bins, getattr(tokenizer, "horizon", cfg.horizon)) != \
+            (cfg.n_joints, cfg.n_bins, cfg.horizon):
+        raise ValueError(f"{manifest_path}: tokenizer ({tokenizer.kind}) does not fit config n_joints={cfg.n_joints}, "
+                         f"n_bins={cfg.n_bins}, horizon={cfg.horizon}")
     return Policy(
         model=model,
-        tokenizer=ActionTokenizer.from_state_dict(manifest["tokenizer"]),
+        tokenizer=tokenizer,
         feat_mean=np.array(manifest["feat_mean"]),
         feat_std=np.array(manifest["feat_std"]),
         manifest=manifest,

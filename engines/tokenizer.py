@@ -13,8 +13,12 @@ bin centres, and the decoded chunk stays within half a bin of the target at ever
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
+
+from edgeinfer.engines.bins import bin_index, checked_range, fitted_range
+from edgeinfer.engines.dct_tokenizer import DctTokenizer
 
 
 @dataclass
@@ -28,23 +32,17 @@ class ActionTokenizer:
     lo_rad: np.ndarray
     hi_rad: np.ndarray
     n_bins: int = 64
+    kind: ClassVar[str] = "step"
+    prefix_rung: ClassVar[str] = "partial"  # a chunk cut at a row boundary covers the verified steps only
 
     def __post_init__(self):
-        self.lo_rad = np.asarray(self.lo_rad, dtype=np.float64)
-        self.hi_rad = np.asarray(self.hi_rad, dtype=np.float64)
-        if self.lo_rad.shape != self.hi_rad.shape or self.lo_rad.ndim != 1:
-            raise ValueError(f"lo_rad/hi_rad must be (D,) of equal shape, got {self.lo_rad.shape}, {self.hi_rad.shape}")
-        if not np.all(self.hi_rad > self.lo_rad):
-            raise ValueError("hi_rad must exceed lo_rad for every joint")
-        if self.n_bins < 2:
-            raise ValueError(f"n_bins must be >= 2, got {self.n_bins}")
+        self.lo_rad, self.hi_rad = checked_range("ActionTokenizer", self.lo_rad, self.hi_rad, self.n_bins, "(D,)", 1)
 
     @classmethod
     def fit(cls, increments_rad: np.ndarray, n_bins: int = 64, coverage: float = 0.998) -> "ActionTokenizer":
-        """Fit bin ranges from training increments (N, D) rad: the central `coverage` quantile range, widened 10%."""
-        lo, hi = np.quantile(increments_rad, [(1 - coverage) / 2, (1 + coverage) / 2], axis=0)
-        pad = 0.1 * (hi - lo) + 1e-6
-        return cls(lo - pad, hi + pad, n_bins)
+        """Fit bin ranges from training increments (N, D) rad: the central `coverage` quantile range, widened 10%
+        (engines/bins.fitted_range)."""
+        return cls(*fitted_range(increments_rad, coverage), n_bins)
 
     @property
     def n_joints(self) -> int:
@@ -61,8 +59,7 @@ class ActionTokenizer:
 
     def bin_of(self, increment_rad: np.ndarray, joint: np.ndarray) -> np.ndarray:
         """Token (int64) of an increment for joint indices `joint`, clipped into range."""
-        idx = np.floor((increment_rad - self.lo_rad[joint]) / self.width_rad[joint])
-        return np.clip(idx, 0, self.n_bins - 1).astype(np.int64)
+        return bin_index(increment_rad, self.lo_rad[joint], self.width_rad[joint], self.n_bins)
 
     def encode(self, offsets_rad: np.ndarray) -> np.ndarray:
         """Chunk offsets q[t+(h+1)s] - q[t], shape (..., H, D) rad -> tokens (..., H*D) int64."""
@@ -92,3 +89,16 @@ class ActionTokenizer:
     @classmethod
     def from_state_dict(cls, state: dict) -> "ActionTokenizer":
         return cls(np.array(state["lo_rad"]), np.array(state["hi_rad"]), int(state["n_bins"]))
+
+
+def tokenizer_from_state(state: dict) -> "ActionTokenizer | DctTokenizer":
+    """The tokenizer a manifest's "tokenizer" entry describes, by its "kind" (TOKENIZERS): "step" (ActionTokenizer;
+    the default, as the shipped step manifests have no "kind") or "dct" (engines/dct_tokenizer.DctTokenizer).
+    Raises ValueError naming an unknown kind."""
+    kind = state.get("kind", "step")
+    if kind not in TOKENIZERS:
+        raise ValueError(f"tokenizer kind {kind!r} is unknown; known: {sorted(TOKENIZERS)}")
+    return TOKENIZERS[kind].from_state_dict(state)
+
+
+TOKENIZERS = {"step": ActionTokenizer, "dct": DctTokenizer}

@@ -13,6 +13,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 import torch
@@ -20,9 +21,10 @@ import torch.nn.functional as F
 from rich.progress import Progress
 
 from edgeinfer.engines.dataset import step_increments
+from edgeinfer.engines.dct_tokenizer import DctTokenizer
 from edgeinfer.engines.evaluate import evaluate_policy
 from edgeinfer.engines.fit_data import SCHUNK_DATA, FitDataConfig, default_horizon, default_stride_ticks, load_fit_data
-from edgeinfer.engines.model import ActionTransformer, PolicyConfig
+from edgeinfer.engines.model import POLICY_SIZES, ActionTransformer, PolicyConfig
 from edgeinfer.engines.paths import TRAINED_DIR, check_writable
 from edgeinfer.engines.policy import Policy
 from edgeinfer.engines.tokenizer import ActionTokenizer
@@ -56,7 +58,14 @@ class TrainConfig(FitConfig):
     # Manifest JSON of the policy, weights next to it (`.pt`) (None: out/policies/<data name>_target.json
     # under the working directory). Never engines/weights/ without --overwrite-shipped.
     out: Path | None = None
-    n_bins: int = 64  # action token bins per joint
+    n_bins: int = 64  # action token bins per joint (per coefficient and joint for --tokenizer dct)
+    # The action tokens: step (one per chunk step and joint, step-major; engines/tokenizer.py) or dct (one per DCT
+    # coefficient and joint, low frequency first, so that any verified prefix spans the whole horizon;
+    # engines/dct_tokenizer.py).
+    tokenizer: Literal["step", "dct"] = "step"
+    # The transformer's size: small (d_model 64, 2 layers, 4 heads: 0.11 M parameters on the Schunk chunk, the
+    # shipped schunk_target) or large (d_model 256, 4 layers, 8 heads: 3.2 M parameters, schunk_large_target).
+    size: Literal["small", "large"] = "small"
     # Action steps per chunk (None: as many, up to 8, as keep H x joints within 48 tokens per 20 ms of chunk
     # step, so that a chunk decodes within one step wherever the Schunk chunk does; see engines/fit_data.py).
     horizon: int | None = None
@@ -92,12 +101,13 @@ def train(cfg: TrainConfig) -> Policy:
     torch.manual_seed(cfg.seed)
     rng = np.random.default_rng(cfg.seed)
     feats, offsets = data.windows("train", horizon, stride)
-    tokenizer = ActionTokenizer.fit(step_increments(offsets), cfg.n_bins)
+    tokenizer = (DctTokenizer.fit(offsets, cfg.n_bins) if cfg.tokenizer == "dct"
+                 else ActionTokenizer.fit(step_increments(offsets), cfg.n_bins))
     mean, std = feats.mean(0), feats.std(0) + 1e-6
     x = torch.as_tensor((feats - mean) / std, dtype=torch.float32)
     y = torch.as_tensor(tokenizer.encode(offsets))
     pcfg = PolicyConfig(obs_dim=feats.shape[1], n_joints=offsets.shape[2], horizon=horizon, stride_ticks=stride,
-                        n_bins=cfg.n_bins)
+                        n_bins=cfg.n_bins, **POLICY_SIZES[cfg.size])
     model = ActionTransformer(pcfg)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.01)
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=cfg.lr, total_steps=cfg.steps,
@@ -121,7 +131,7 @@ def train(cfg: TrainConfig) -> Policy:
         "control_rate_hz": round(data.rate_hz, 3),
         "data": data.manifest(len(x), len(ho_feats)),
         "limits": data.limits(),
-        "train": {"seed": cfg.seed, "steps": cfg.steps, "batch_size": cfg.batch_size, "lr": cfg.lr,
+        "train": {"size": cfg.size, "seed": cfg.seed, "steps": cfg.steps, "batch_size": cfg.batch_size, "lr": cfg.lr,
                   "final_loss": float(loss.item()), "seconds": round(time.monotonic() - t0, 1),
                   "torch": torch.__version__},
         "metrics_held_out": evaluate_policy(policy, ho_feats, ho_offsets),

@@ -8,12 +8,14 @@
 # calibration and parity fall back to the synthetic log and every figure says so. Default when neither is
 # given: out/schunk_heldout if it exists.
 # Environment: OUT (results, default out), PYTHON (default python3), N_OBS (default 100), N_ITERS (200),
-# STEP_TIMEOUT_S (per step, default 120: at most about 9 minutes in all).
+# STEP_TIMEOUT_S (per step, default 120: at most about 11 minutes in all).
 # Steps, each its own process so that one failure (even a poisoned CUDA context) cannot stop the others:
 #   1 import check (editable install without dependencies, else a symlink tree on PYTHONPATH)
 #   2 bench on cuda, torch rows with CUDA graphs          -> $OUT/bench_cuda_graphs.json   (the headline)
 #     and again with single-token passes through torch.compile -> $OUT/bench_cuda_compiled.json
 #   3 bench on cuda, eager rows (torch, onnxruntime)       -> $OUT/bench_cuda_eager.json
+#     and the ultrafast rows (each layer of the stack vs torch eager target-only, every shipped policy; torch
+#     rows with CUDA graphs, the whole greedy chunk as one graph)  -> $OUT/bench_cuda_ultrafast.json
 #   4 the CUDA tests of tests/test_torch_engine.py (when pytest is installed)
 #   5 bench on cpu for reference (torch, onnxruntime)      -> $OUT/bench_cpu.json
 #   6 the merged table and the headline
@@ -84,18 +86,21 @@ else
 fi
 
 BENCH=("$PY" -m edgeinfer.bench.engines --n-obs "$N_OBS" --n-iters "$N_ITERS")
-step "bench cuda, CUDA graphs on" "${BENCH[@]}" --device cuda --backends torch --cuda-graphs on \
+step "bench cuda, CUDA graphs on" "${BENCH[@]}" --rows engines --device cuda --backends torch --cuda-graphs on \
     --json "$OUT/bench_cuda_graphs.json"
-step "bench cuda, CUDA graphs on + torch.compile" "${BENCH[@]}" --device cuda --backends torch --cuda-graphs on \
-    --compile --precisions bf16,fp8,fp32 --json "$OUT/bench_cuda_compiled.json"
-step "bench cuda, eager" "${BENCH[@]}" --device cuda --backends torch,onnxruntime --cuda-graphs off \
+step "bench cuda, CUDA graphs on + torch.compile" "${BENCH[@]}" --rows engines --device cuda --backends torch \
+    --cuda-graphs on --compile --precisions bf16,fp8,fp32 --json "$OUT/bench_cuda_compiled.json"
+step "bench cuda, eager" "${BENCH[@]}" --rows engines --device cuda --backends torch,onnxruntime --cuda-graphs off \
     --json "$OUT/bench_cuda_eager.json"
+step "bench cuda, ultrafast rows" "${BENCH[@]}" --rows ultrafast --ultrafast-n-obs "$N_OBS" --device cuda \
+    --json "$OUT/bench_cuda_ultrafast.json"
 if "$PY" -c "import pytest" 2>/dev/null; then
     step "CUDA tests" "$PY" -m pytest -q -rs -p no:cacheprovider tests/test_torch_engine.py
 else
     echo; echo "=== CUDA tests: pytest not installed, not run (graphs=eager in the bench table checks exactness)"
 fi
-step "bench cpu (reference)" "${BENCH[@]}" --device cpu --backends torch,onnxruntime --json "$OUT/bench_cpu.json"
+step "bench cpu (reference)" "${BENCH[@]}" --rows engines --device cpu --backends torch,onnxruntime \
+    --json "$OUT/bench_cpu.json"
 
 # the main job on the GPU: replay a held-out run through runtime (torch fp32 on cuda) + control over ZeroMQ;
 # pyzmq comes as a carried wheel (.gpu_data/pyzmq-*.whl) when the machine lacks it
@@ -113,7 +118,7 @@ fi
 
 echo; echo "=== summary"
 JSONS=$(ls "$OUT"/bench_cuda_graphs.json "$OUT"/bench_cuda_compiled.json "$OUT"/bench_cuda_eager.json \
-    "$OUT"/bench_cpu.json 2>/dev/null)
+    "$OUT"/bench_cuda_ultrafast.json "$OUT"/bench_cpu.json 2>/dev/null)
 if [ -n "$JSONS" ]; then
     # shellcheck disable=SC2086
     "$PY" -m edgeinfer.bench.engines --summary $JSONS

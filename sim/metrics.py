@@ -238,13 +238,16 @@ def _quality(rec, slots: np.ndarray, log, ticks, row_of: np.ndarray, stride: int
     """Action error (rad) against what the arm actually did in this log.
 
     action_rmse_rad: each tick's commanded position vs the recorded position at that tick (what the robot
-    was sent, on equal footing for every decode mode and rung). chunk_rmse_rad_by_step[h]: chunk target h
+    was sent, on equal footing for every decode mode and rung); action_rmse_rad_with_holds: the same with the
+    held ticks' commands (the last command again) counted too. chunk_rmse_rad_by_step[h]: chunk target h
     vs the recorded position h chunk steps after the chunk's observation, over the chunks in `slots`
     (measured_chunks).
     """
     code = rec.commands.rung[ticks]
     sent = (code != NONE) & (code != HOLD)
     cmd_err = rec.commands.q_rad[ticks[sent]] - log.q_rad[np.flatnonzero(sent)]  # (m, D), row order
+    got = code != NONE
+    all_err = rec.commands.q_rad[ticks[got]] - log.q_rad[np.flatnonzero(got)]  # holds included
     ch = rec.chunks
     obs, n_steps = ch.obs_seq[slots], ch.n_steps[slots]
     by_step: dict[int, np.ndarray] = {}  # (m, D) errors, chunk order
@@ -257,6 +260,7 @@ def _quality(rec, slots: np.ndarray, log, ticks, row_of: np.ndarray, stride: int
     ci = rms_ci(cmd_err, batch=50, confidence=CONFIDENCE) if len(cmd_err) else None
     return {"action_rmse_rad": rmse(cmd_err), "action_rmse_rad_ci95": None if ci is None else list(ci),
             "ticks_compared": len(cmd_err),
+            "action_rmse_rad_with_holds": rmse(all_err), "ticks_compared_with_holds": len(all_err),
             "chunk_rmse_rad_by_step": [rmse(by_step[h]) for h in sorted(by_step)],
             "chunk_steps_compared": [len(by_step[h]) for h in sorted(by_step)]}
 

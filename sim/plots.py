@@ -11,8 +11,8 @@ import numpy as np
 
 from edgeinfer.core.wire import RUNGS
 
-_RUNG_COLOURS = {"full": "tab:green", "partial": "tab:olive", "draft": "tab:orange", "continue": "tab:purple",
-                 "hold": "tab:red", "": "black"}
+_RUNG_COLOURS = {"full": "tab:green", "coarse": "tab:cyan", "partial": "tab:olive", "draft": "tab:orange",
+                 "continue": "tab:purple", "hold": "tab:red", "": "black"}
 PLOT_FILES = ("latency_histogram.png", "latency.png", "stages.png")  # latency.png: latency over time
 
 

@@ -47,7 +47,7 @@ from edgeinfer.sim.pacing import scaled_period_ns, send_timing_report, should_sk
 from edgeinfer.sim.plots import write_plots
 from edgeinfer.sim.preflight import check_run_fits, log_defaults, policy_shape
 from edgeinfer.sim.received import Chunks, Commands
-from edgeinfer.sim.report import print_table, replay_progress, write_report
+from edgeinfer.sim.report import engine_choice_section, print_table, replay_progress, write_report
 from edgeinfer.sim.run_mcap import run_mcap_section
 from edgeinfer.sim.schedule import extra_of, observation, previous_rows, tick_grid
 from edgeinfer.sim.supervisor import Supervisor, gap_report, injected_section, safety_report, stall_report
@@ -219,6 +219,7 @@ def replay(cfg: ReplayConfig, console: Console | None = None) -> dict:
                                            rec.period_ns)
     report["injected"] = injected_section(cfg, report, sup)
     report["node_stats"] = {name: stats_summary(st) for name, st in sorted(rec.node_stats.items())}
+    report["engine_choice"] = engine_choice_section(report, rec.node_stats.get("runtime"))  # backend auto
     lim = cfg.control.limits
     report["safety"] = safety_report(rec.commands, lim.q_min_rad, lim.q_max_rad, lim.qd_max_rad_s, rec.period_ns)
     report["limits"], report["policy_defaults"] = limits.section(), policy_defaults

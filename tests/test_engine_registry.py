@@ -12,7 +12,7 @@ from edgeinfer.engines.engine import BACKENDS, engine_class, unavailable_reason
 
 def test_importing_the_runtime_imports_no_backend_library():
     code = ("import sys, edgeinfer.node.runtime, edgeinfer.engines.engine, edgeinfer.engines.build; "
-            "print(sorted(m for m in ('onnxruntime', 'onnx', 'tensorrt', 'modelopt') if m in sys.modules))")
+            "print(sorted(m for m in ('onnxruntime', 'onnx', 'tensorrt', 'modelopt', 'numba') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
@@ -25,7 +25,7 @@ def test_unavailable_backends_say_why(policy):
         load_engine(policy, "tensorrt", "fp8", "cpu")
     with pytest.raises(KeyError, match="unknown backend 'tflite'"):
         engine_class("tflite")
-    assert set(BACKENDS) == {"torch", "onnxruntime", "tensorrt"}
+    assert set(BACKENDS) == {"torch", "onnxruntime", "tensorrt", "fused"}
 
 
 @pytest.mark.skipif(unavailable_reason("tensorrt", "cuda") is not None,

@@ -184,3 +184,32 @@ def test_a_run_stopped_before_its_first_command_has_a_safety_report():
 
     assert safety_report(Commands(0, 6), [-1.0] * 6, [1.0] * 6, 2.0, 4_000_000) == {
         "commands_checked": 0, "nonfinite": 0, "outside_position_limits": 0, "over_velocity_limit": 0}
+
+
+def test_a_slowed_engine_adds_its_delay_to_every_pass_and_to_each_pass_of_a_greedy_run():
+    """--fault-pass-delay-ms makes every target pass that much LONGER (not: at least that long), so a slowdown of s
+    is a delay of (s - 1) x the pass's cost; a run of m passes in one call (Engine.greedy_run) gets m delays."""
+    from edgeinfer.node.faults import SlowEngine
+
+    class Busy:  # every pass busy for 3 ms
+        def forward(self, obs, tokens, start):
+            t = time.perf_counter_ns()
+            while time.perf_counter_ns() - t < 3_000_000:
+                pass
+            return np.zeros((1, 4), np.float32)
+
+        def greedy_run(self, committed, m):
+            return [self.forward(None, (), 0) is not None and 1 for _ in range(m)]
+
+    class Plain:
+        def forward(self, obs, tokens, start):
+            return np.zeros((1, 4), np.float32)
+
+    slow = SlowEngine(Busy(), 2_000_000)
+    t = time.perf_counter_ns()
+    slow.forward(None, (1,), 1)
+    assert time.perf_counter_ns() - t >= 5_000_000  # 3 ms of work + 2 ms (the old max(3, 2) was 3 ms)
+    t = time.perf_counter_ns()
+    assert slow.greedy_run([0], 2) == [1, 1]
+    assert time.perf_counter_ns() - t >= 10_000_000  # 2 x (3 + 2) ms
+    assert not hasattr(SlowEngine(Plain(), 1), "greedy_run")  # an engine without runs keeps none

@@ -10,7 +10,7 @@ Each engine runs a random program (hypothesis draws its structure, a seeded nump
     prefill(j)    a new prefix (observation or prompt) and j tokens at position 0..j: the old cache is stale
 Engines: (a) the default policy through TorchEngine, (b) through OrtEngine (explicit KV inputs/outputs),
 (c) a llama-style model through the bring-your-own-model adapter, (d) the default policy's module through
-the adapter, static and functional.
+the adapter, static and functional, (e) the default policy through FusedEngine (numba).
 """
 from dataclasses import dataclass
 from typing import Callable
@@ -21,6 +21,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from edgeinfer.engines.fused_engine import FusedEngine
 from edgeinfer.engines.llama import Llama, LlamaConfig
 from edgeinfer.engines.model_protocol import TorchModuleEngine
 from edgeinfer.engines.torch_engine import TorchEngine
@@ -89,7 +90,8 @@ def cases(policy):
             "llama-adapter": _llama_case(),
             "policy-adapter-static": _policy_case(policy, TorchModuleEngine(policy.model, "obs", "static")),
             "policy-adapter-functional": _policy_case(policy, TorchModuleEngine(
-                policy.model, "obs", "functional", step_kwargs={"inplace": False}))}
+                policy.model, "obs", "functional", step_kwargs={"inplace": False})),
+            "fused": _policy_case(policy, FusedEngine(policy.model))}
 
 
 @pytest.fixture(scope="module")
@@ -144,7 +146,8 @@ def _run_program(case: Case, data) -> None:
 SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
-@pytest.mark.parametrize("name", ["torch", "llama-adapter", "policy-adapter-static", "policy-adapter-functional"])
+@pytest.mark.parametrize("name", ["torch", "llama-adapter", "policy-adapter-static", "policy-adapter-functional",
+                                  "fused"])
 @SETTINGS
 @given(data=st.data())
 def test_cache_equals_cache_free_forward(cases, name, data):

@@ -83,7 +83,7 @@ def test_every_figure_from_a_fixed_message_sequence():
     assert per_tick["rung"].tolist() == ["hold", *["full"] * 8, ""]
     np.testing.assert_allclose(per_tick["latency_ms"][:9], [1, 1, 1, 1, 1, 5, 1, 1, 1])
     assert np.isnan(per_tick["latency_ms"][9])
-    assert report["fallbacks"] == {"full": 8, "partial": 0, "draft": 0, "continue": 0, "hold": 1}
+    assert report["fallbacks"] == {"full": 8, "coarse": 0, "partial": 0, "draft": 0, "continue": 0, "hold": 1}
     harness = report["harness"]
     assert (harness["duplicate_commands"], harness["rejected_commands"], harness["rejected_chunks"]) == (1, 3, 0)
     assert harness["late_but_sent_in_time"] == 1  # sent 0.5 ms after due, received 5 ms after
@@ -107,6 +107,9 @@ def test_every_figure_from_a_fixed_message_sequence():
     q = report["quality"]  # the log is at rest at 0: every error is the commanded / planned position itself
     assert q["ticks_compared"] == 8
     assert q["action_rmse_rad"] == pytest.approx(np.sqrt(2e-4 * sum(n * n for n in range(1, 9)) / 16))
+    # with the hold of tick 0 (it commands [0, 0], the recorded position): one more tick, error 0
+    assert q["ticks_compared_with_holds"] == 9
+    assert q["action_rmse_rad_with_holds"] == pytest.approx(np.sqrt(2e-4 * sum(n * n for n in range(1, 9)) / 18))
     # step h of chunk 0 lands on tick 2h, of chunk 5 on tick 5 + 2h (h = 2: tick 9); the early first step's 9 rad
     # is not counted: its whole chunk replaced it
     assert q["chunk_steps_compared"] == [2, 2, 1]

@@ -208,3 +208,83 @@ def test_the_budget_defaults_to_the_time_between_two_chunk_starts():
     planner.set_budget_ms(50.0)
     planner.start(0)
     assert planner.deadline_ns == int((50.0 - cfg.margin_ms) * 1e6)
+
+
+def _row_planner(monkeypatch, t, k_max=0, row_tokens=6, verify_ns=(1_000_000,), draft_ns=0):
+    """A non-adaptive planner on the injected clock t[0] (budget 10 ms, no margin) whose passes cost verify_ns
+    (samples, every k) plus draft_ns per pass."""
+    monkeypatch.setattr("edgeinfer.core.scheduler.time.perf_counter_ns", lambda: t[0])
+    p = TickPlanner(SchedulerConfig(budget_ms=10.0, margin_ms=0.0, k_max=k_max, adaptive=False),
+                    ["d"] if k_max else (), row_tokens=row_tokens)
+    p.latency.clock = lambda: t[0]
+    for k in range(k_max + 1):
+        for ns in verify_ns:
+            p.latency.record("verify", k, ns)
+            p.latency.record("draft:d", k, draft_ns)
+    return p
+
+
+def test_the_planner_stops_when_the_budget_cannot_complete_the_next_row(monkeypatch):
+    t = [0]
+    p = _row_planner(monkeypatch, t)
+    p.start(0)
+    t[0] = 5_500_000  # 4.5 ms left: four 1 ms passes, four tokens
+    assert p.plan(committed=6, remaining=42) is None  # a whole row verified, the next one cannot be: stop now
+    assert p.plan(committed=8, remaining=40) == 0  # four tokens complete this row: go on
+    assert p.plan(committed=12, remaining=36) is None
+    # before the first whole row nothing would be cut off (the draft rung keeps the verified prefix)
+    assert p.plan(committed=1, remaining=47) == 0
+    # no row boundaries (the default): every pass that fits runs, as before
+    q = _row_planner(monkeypatch, t, row_tokens=1)
+    q.start(0)
+    assert q.plan(committed=6, remaining=42) == 0
+
+
+def test_the_row_bound_counts_every_draft_kept_at_the_fastest_measured_cost(monkeypatch):
+    t = [0]
+    p = _row_planner(monkeypatch, t, k_max=4)  # a pass of 4 drafts may verify 5 tokens in 1 ms
+    p.start(0)
+    t[0] = 8_500_000  # 1.5 ms left: 7.5 tokens at best
+    assert p.plan(committed=6, remaining=42) == 4
+    t[0] = 8_900_000  # 1.1 ms left: 5.5 tokens at best, the row needs 6
+    assert p.plan(committed=6, remaining=42) is None
+    # passes usually 1 ms, once 0.5 ms: the bound takes the fastest (it stops only where no run of passes could
+    # complete the row), though at p99 only three of the 3.5 ms left would be planned
+    q = _row_planner(monkeypatch, t, verify_ns=[1_000_000] * 200 + [500_000])
+    q.start(0)
+    t[0] = 6_500_000
+    assert q.plan(committed=6, remaining=42) == 0
+    t[0] = 7_500_000  # 2.5 ms: five tokens at the fastest
+    assert q.plan(committed=6, remaining=42) is None
+
+
+class _ClockedEngine:
+    """A target whose every forward pass takes 1 ms of the injected clock t[0]; its greedy token at position i is
+    i % 5 (n_bins 8)."""
+
+    def __init__(self, t):
+        self.t = t
+
+    def forward(self, obs, tokens, start):
+        self.t[0] += 1_000_000
+        logits = np.zeros((max(1, len(tokens)), 8), dtype=np.float32)
+        logits[np.arange(len(logits)), (start + np.arange(len(logits))) % 5] = 1.0
+        return logits
+
+    def rollback(self, n):
+        pass
+
+
+def test_a_decode_cut_by_its_budget_ends_on_a_row_boundary_sooner_with_the_same_tokens(monkeypatch):
+    from edgeinfer.core.speculative import speculative_decode
+
+    t = [0]
+    for row_tokens, n_tokens, t_end_ns in ((1, 10, 10_000_000), (4, 8, 8_000_000)):
+        p = _row_planner(monkeypatch, t, row_tokens=row_tokens)
+        t[0] = 0
+        p.start(0)
+        res = speculative_decode(_ClockedEngine(t), np.zeros(3, np.float32), 24, None, p)
+        # row_tokens 1: ten 1 ms passes fill the 10 ms; rows of 4: the 9th and 10th tokens would be cut off, so
+        # decoding stops after 8 tokens, 2 ms earlier, with the same (exact) tokens
+        assert (len(res.tokens), t[0], res.complete) == (n_tokens, t_end_ns, False)
+        assert res.tokens == [i % 5 for i in range(n_tokens)]

@@ -75,10 +75,10 @@ def observations(feats: np.ndarray, n_joints: int) -> list[Observation]:
 
 
 def chunk_tokens(runtime: PolicyRuntime, steps_rad: np.ndarray) -> np.ndarray:
-    """(H*D,) int64 tokens behind a chunk's steps (H+1, D): bins of the step increments."""
-    tok = runtime.policy.tokenizer
-    inc = np.diff(steps_rad, axis=0)
-    return tok.bin_of(inc, np.arange(tok.n_joints)[None, :]).reshape(-1)
+    """(H*D,) int64 tokens behind a chunk's steps (H+1, D), row 0 the observed q: the tokenizer's encoding of its
+    offsets, which gives back the decoded tokens of a full chunk of either kind (decoded values are bin centres).
+    A step chunk cut short gives its verified steps' tokens; a coarse DCT chunk, its rows then the zero bins."""
+    return runtime.policy.tokenizer.encode(steps_rad[1:] - steps_rad[0]).reshape(-1)
 
 
 def open_runtime(cfg: RuntimeConfig, warmup_obs: list[Observation]) -> PolicyRuntime:

@@ -14,6 +14,8 @@ Per row, on real held-out observations (engines/calibration.py; synthetic with a
     action_rmse_rad  decoded chunks against the recorded future of the arm (tokenizer decode)
     spec_equals_greedy   fraction of speculative chunks identical to the engine's own greedy ones (1.0)
     graphs_equal_eager   CUDA graph rows: the same for the same engine without graphs (1.0)
+Then the ultrafast rows of every --policy (edgeinfer/bench/ultrafast.py): each layer of the stack against
+torch-eager target-only in the same run (`--rows engines|ultrafast` runs one part; engine rows: the first policy).
 Timing: time.perf_counter_ns around each call, warm-up excluded; every engine returns numpy, which waits
 for the device. Imports no zmq (the GPU machines have no pyzmq).
 """
@@ -35,7 +37,7 @@ from rich.table import Table
 
 from edgeinfer.core.speculative import FixedK, speculative_decode
 from edgeinfer.engines.calibration import sample_windows
-from edgeinfer.engines.drafters import KinematicDrafter
+from edgeinfer.engines.drafters import kinematic_drafter
 from edgeinfer.engines.engine import BUILDS, PRECISIONS, unavailable_reason
 from edgeinfer.engines.policy import load_policy
 
@@ -102,7 +104,7 @@ def measure(engine, policy, obs: np.ndarray, feats: np.ndarray, offsets: np.ndar
         out["verify_us_p50"][str(k)] = _us(samples[WARMUP:], 50)
 
     # full chunks, target-only and speculative, one per observation (the first WARMUP decodes untimed)
-    drafter, d = KinematicDrafter(policy.tokenizer), policy.cfg.n_joints
+    drafter, d = kinematic_drafter(policy.tokenizer), policy.cfg.n_joints
     greedy, chunk_ns, spec_ns, spec_passes, spec_equal = [], [], [], 0, 0
     for i in range(-min(WARMUP, len(obs)), len(obs)):
         o = obs[max(i, 0)]
@@ -204,7 +206,7 @@ def machine_info() -> dict:
     return info
 
 
-def bench_engines(policy=None, backends=("torch", "onnxruntime"), precisions=PRECISIONS, device: str = "cpu",
+def bench_engines(policy=None, backends=("torch", "onnxruntime", "fused"), precisions=PRECISIONS, device: str = "cpu",
                   n_obs: int = 100, json_out: str | Path | None = None, *, n_iters: int = 200, threads: int = 1,
                   cuda_graphs: str = "both", data_dir=None, quiet: bool = False, compile: bool = False) -> dict:
     """Measure every available combination; returns {"machine", "data", "reference", "rows"} (and writes
@@ -372,8 +374,11 @@ def headline(rows: list[dict]) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="edgeinfer bench engines", description=__doc__.split("\n")[0])
     ap.add_argument("--device", default="cpu", help="cpu or cuda[:i] (default cpu)")
-    ap.add_argument("--backends", default="torch,onnxruntime", help="comma separated (default torch,onnxruntime)")
-    ap.add_argument("--precisions", default=",".join(PRECISIONS), help="comma separated (default fp32,bf16,fp8)")
+    ap.add_argument("--backends", default="torch,onnxruntime,fused",
+                    help="engine rows: comma separated (default torch,onnxruntime,fused)")
+    ap.add_argument("--precisions", default=",".join(PRECISIONS),
+                    help=f"engine rows: comma separated (default {','.join(PRECISIONS)}; each backend runs those it "
+                         "builds: int8 on onnxruntime, bf16 and fp8 on torch)")
     ap.add_argument("--cuda-graphs", choices=("both", "on", "off"), default="both",
                     help="torch rows on CUDA: with graphs, without, or both (default both)")
     ap.add_argument("--n-obs", type=int, default=100, help="held-out observations for chunks and parity")
@@ -382,16 +387,29 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--data-dir", default=None, help="Schunk data (default $EDGEINFER_DATA_DIR or ../shared/data)")
     ap.add_argument("--json", default=None, help="write the results here")
     ap.add_argument("--compile", action="store_true", help="torch rows: single-token passes via torch.compile")
+    ap.add_argument("--policy", action="append", default=None, metavar="MANIFEST",
+                    help="a policy's manifest JSON, repeatable (default: the shipped target, plus "
+                         "engines/weights/schunk_large_target.json when shipped); engine rows measure the first")
+    ap.add_argument("--rows", choices=("all", "engines", "ultrafast"), default="all",
+                    help="the engine rows, the ultrafast rows (each layer of the stack vs torch eager), or both")
+    ap.add_argument("--ultrafast-n-obs", type=int, default=50,
+                    help="held-out observations per ultrafast row (default 50: both policies in a few minutes)")
     ap.add_argument("--summary", nargs="+", metavar="JSON", help="print saved results (merged) and exit")
     args = ap.parse_args(argv)
+    from edgeinfer.bench.ultrafast import UltrafastConfig, bench_ultrafast, default_policies, print_ultrafast
+
     if args.summary:
         results = [json.loads(Path(p).read_text()) for p in args.summary]
         merged = {**results[0], "rows": [r for res in results for r in res["rows"]]}
-        print_table(merged, "engine bench: " + ", ".join(args.summary))
-        print("\n".join(headline(merged["rows"])))
+        if merged["rows"]:
+            print_table(merged, "engine bench: " + ", ".join(args.summary))
+            print("\n".join(headline(merged["rows"])))
+        for res in results:  # ratios hold within one run only: never merged
+            if res.get("ultrafast"):
+                print_ultrafast(res["ultrafast"])
         return 0
-    if args.n_obs < 1 or args.n_iters < 1 or args.threads < 1:
-        ap.error("--n-obs, --n-iters and --threads must be >= 1")
+    if min(args.n_obs, args.n_iters, args.threads, args.ultrafast_n_obs) < 1:
+        ap.error("--n-obs, --n-iters, --threads and --ultrafast-n-obs must be >= 1")
     split = lambda s: tuple(x.strip() for x in s.split(",") if x.strip())  # noqa: E731
     from edgeinfer.engines.engine import BACKENDS
 
@@ -399,11 +417,24 @@ def main(argv: list[str] | None = None) -> int:
                                                                               PRECISIONS)):
         if not given or set(given) - set(known):
             ap.error(f"--{name}: unknown {sorted(set(given) - set(known)) or 'none given'}; known: {sorted(known)}")
-    result = bench_engines(backends=split(args.backends), precisions=split(args.precisions), device=args.device,
-                           n_obs=args.n_obs, json_out=args.json, n_iters=args.n_iters, threads=args.threads,
-                           cuda_graphs=args.cuda_graphs, data_dir=args.data_dir, compile=args.compile)
-    print_table(result, f"engine bench on {args.device}")
-    print("\n".join(headline(result["rows"])))
+    policies = [Path(p) for p in args.policy] if args.policy else default_policies()
+    if missing := [str(p) for p in policies if not p.is_file()]:
+        ap.error(f"--policy: no such manifest: {', '.join(missing)}")
+    result = {"machine": machine_info(), "rows": []}
+    if args.rows != "ultrafast":
+        result = bench_engines(load_policy(policies[0]), backends=split(args.backends),
+                               precisions=split(args.precisions), device=args.device, n_obs=args.n_obs,
+                               json_out=args.json, n_iters=args.n_iters, threads=args.threads,
+                               cuda_graphs=args.cuda_graphs, data_dir=args.data_dir, compile=args.compile)
+        print_table(result, f"engine bench on {args.device}")
+        print("\n".join(headline(result["rows"])))
+    if args.rows != "engines":
+        def save(section: dict) -> None:  # after every row, with the engine rows already measured
+            result["ultrafast"] = section
+            _save(result, args.json)
+
+        cfg = UltrafastConfig(device=args.device, n_obs=args.ultrafast_n_obs, threads=args.threads)
+        print_ultrafast(bench_ultrafast(policies, cfg, args.data_dir, save))
     return 0
 
 

@@ -158,12 +158,14 @@ def _fixed(k: int) -> TickPlanner:
 def bench_spec(policy: Policy | None = None, data_dir: Path | None = None, per_run: int = 12,
                drafters: tuple[str, ...] | None = None, ks: tuple[int, ...] = KS, backend: str = "torch",
                peer: bool = True, console: Console | None = None, repeats: int = 3, stress: bool = True,
-               slow_ms: float = 12.0) -> dict:
+               slow_ms: float = 12.0, drafter_options: dict[str, dict] | None = None) -> dict:
     """Run every row (see the module docstring) and return {"rows", "adaptive_per_run", "same_work_per_run",
     "adaptive_worst", "after_collapse_vs_target_only", "config"}; same_work_per_run: target-only decoded twice,
     per held-out run, the second over the first (the spread that identical work shows: the noise floor of the
     per-run figures). repeats: each greedy and relaxed decode is timed this many times, the fastest kept (the
-    sampling row once). stress: add the stress rows, the slow drafter's proposals slow_ms slower."""
+    sampling row once). stress: add the stress rows, the slow drafter's proposals slow_ms slower.
+    drafter_options: {drafter name: make_drafter's options}, e.g. {"learned": {"path": ...}} for another target's
+    distilled drafter."""
     from edgeinfer.engines.build import load_engine
 
     console = console or Console(stderr=True)
@@ -174,7 +176,7 @@ def bench_spec(policy: Policy | None = None, data_dir: Path | None = None, per_r
     offsets = np.concatenate([o for _, o in runs.values()])
     engine = load_engine(policy, backend)
     drafters = drafters or tuple(policy.drafters)
-    models = {name: make_drafter(name, policy) for name in drafters}
+    models = {name: make_drafter(name, policy, **(drafter_options or {}).get(name, {})) for name in drafters}
     stressed = stress_drafters(lambda: make_drafter(STRESS_BASE, policy), policy.cfg.n_bins, slow_ms) if stress else {}
     models |= stressed
     choices = {name: [name] for name in drafters} | {AUTO: list(drafters)} | {name: [name] for name in stressed}

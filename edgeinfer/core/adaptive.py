@@ -187,13 +187,25 @@ class SpeculationChooser:
             cost = value / self._unit_ns
             self._chunk_cost += cost
             self._pass_cost += cost
-            key = (op, drafter if op == "draft" else None, k)
-            self._ratios[key].append(cost)
-            self._ks[key[:2]].add(k)
-            self._added[key] += 1  # (a full window's length stays put: count the samples instead)
-            if self._added[key] < 16 or self._added[key] % 8 == 0:
-                self._medians.pop(key, None)
-                self._curves.pop(key[:2], None)
+            self._add_ratio((op, drafter if op == "draft" else None, k), cost)
+
+    def record_plain(self, passes: int, pass_ns: int) -> None:
+        """`passes` target-only passes run back to back (one engine call), pass_ns each on average: what as many
+        record("verify", 0, pass_ns) + record("accepted", 0, 0) pairs would record, with one cost sample."""
+        if self._unit_ns:
+            cost = pass_ns / self._unit_ns
+            self._chunk_cost += cost * passes
+            self._add_ratio(("verify", None, 0), cost)
+        self._chunk_tokens += passes * bool(self._chunk_tokens)
+        self._pass_cost = 0.0
+
+    def _add_ratio(self, key: tuple, cost: float) -> None:
+        self._ratios[key].append(cost)
+        self._ks[key[:2]].add(key[2])
+        self._added[key] += 1  # (a full window's length stays put: count the samples instead)
+        if self._added[key] < 16 or self._added[key] % 8 == 0:
+            self._medians.pop(key, None)
+            self._curves.pop(key[:2], None)
 
     def _median(self, key: tuple) -> float:
         if key not in self._medians:

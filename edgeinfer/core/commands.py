@@ -56,12 +56,13 @@ COMMANDS: dict[str, Command] = {
                        "from the confidence intervals"),
     "bench": Command("every ruler on real logs, target-only vs speculative (options below); suites: `bench "
                      "engines` (backends and precisions), `bench spec` (speculative decoding: drafters, k, "
-                     "adaptive, sampling, the HF peer)", ("edgeinfer.bench.suite:BenchConfig",),
+                     "adaptive, sampling, the HF peer), `bench anytime` (step vs DCT action tokens: the anytime "
+                     "curve, cut budgets, a slowed engine)", ("edgeinfer.bench.suite:BenchConfig",),
                      description="Every ruler (time to first action, time per token, chunk throughput, end-to-end "
                                  "tails and misses in steady / idle-gap / overload replays, quality, zmq and wake-up "
                                  "floors), target-only vs speculative; --scenarios names a file in benchmarks/ "
                                  "(default, quick) or a TOML path. Suites with their own -h: `edgeinfer bench "
-                                 "engines`, `edgeinfer bench spec`."),
+                                 "engines`, `edgeinfer bench spec`, `edgeinfer bench anytime`."),
 }
 
 # the tables `edgeinfer launch` starts: one per node command

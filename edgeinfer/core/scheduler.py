@@ -6,6 +6,14 @@ expected tokens per second, edgeinfer.core.adaptive; otherwise the first drafter
 its passes may speculate (a probe's few; otherwise all). Then, before every pass, the deadline check lowers
 k, or stops decoding, when the high-quantile cost of the pass does not fit what is left of the budget.
 
+Row boundaries: a chunk cut short is cut at its last whole row of D tokens (a step of every joint, or a DCT
+coefficient of every joint; edgeinfer/node/runtime.py), so the tokens of an unfinished row are thrown away.
+Once a whole row is verified, the planner stops as soon as what is left of the budget cannot complete the next
+row even at the fastest cost measured for each pass with every draft kept: the passes it skips could only
+have produced tokens that are cut off, and the chunk goes out that much earlier, leaving the CPU to the rest of
+the loop. Before the first whole row nothing is cut off (the draft rung keeps the verified prefix), so it
+never stops there early. The planner only chooses k and when to stop; it never changes a token.
+
 Costs for the deadline are online estimates of a high quantile (default p99, not the mean: a plan built on
 means misses its deadline about half the time the estimate is tight) over a rolling window of measured
 durations, per operation (drafting per drafter) and speculation length k.
@@ -22,6 +30,7 @@ import numpy as np
 from edgeinfer.core.adaptive import SpeculationChooser
 
 UNRESOLVED_BUDGET_MS = 20.0  # a planner's budget before the control period is known (SchedulerConfig.budget_ms)
+FASTEST = 0.0  # the quantile of an operation's fastest measured cost (the row-boundary stop's bound)
 
 
 @dataclass
@@ -110,7 +119,7 @@ class LatencyModel:
         self._times[(op, k)].append(self.clock())
         self._added[(op, k)] += 1  # a full window's length stays put: count the samples instead
         if self._added[(op, k)] < 16 or self._added[(op, k)] % 8 == 0:  # a quantile of 256 samples costs
-            for q in (self.quantile, 0.5):  # ~20 us: refresh early, then every 8th sample, not every pass
+            for q in (self.quantile, 0.5, FASTEST):  # ~20 us: refresh early, then every 8th sample, not every pass
                 self._cache.pop((op, k, q), None)
 
     def clear(self) -> None:
@@ -131,7 +140,7 @@ class LatencyModel:
             while times and times[0] < cutoff:
                 times.popleft()
                 samples.popleft()
-            for qq in (self.quantile, 0.5, q):
+            for qq in (self.quantile, 0.5, FASTEST, q):
                 self._cache.pop((op, k, qq), None)
             self._added[(op, k)] = len(samples)  # so the next samples refresh the estimate at once
         if key not in self._cache:
@@ -152,11 +161,14 @@ class TickPlanner:
     whose speculative passes are counted (a probe's few) speculates from its middle, as a drafter's first
     passes are not typical of it (it drafts from the observation alone, or pays its own prefill), and is
     target-only once they are spent.
-    drafters: candidate drafter names, in order of preference when adaptive is off."""
+    drafters: candidate drafter names, in order of preference when adaptive is off. row_tokens: tokens per row
+    (the policy's joints D; 1: no row boundaries), see the module docstring."""
 
     def __init__(self, cfg: SchedulerConfig, drafters: Sequence[str] = ("drafter",),
-                 latency: LatencyModel | None = None):
-        self.cfg = cfg
+                 latency: LatencyModel | None = None, row_tokens: int = 1):
+        if row_tokens < 1:
+            raise ValueError(f"TickPlanner row_tokens must be >= 1, got {row_tokens}")
+        self.cfg, self.row_tokens = cfg, row_tokens
         self.latency = latency or LatencyModel(cfg.quantile, cfg.window)
         self.chooser = SpeculationChooser(drafters, cfg.k_max, cfg.probe_every, probe_passes=cfg.probe_passes,
                                           probe_share=cfg.probe_share)
@@ -166,6 +178,7 @@ class TickPlanner:
         self.drafter: str | None = drafters[0] if drafters and cfg.k_max else None
         self._chunk_k = cfg.k_max if self.drafter else 0
         self._passes_left: int | None = None  # speculative passes this chunk may still run (None: every pass)
+        self._tokens_per_ns: float | None = None  # this chunk's best verified tokens per ns (None: not yet known)
 
     def choose(self) -> str | None:
         """Choose this chunk's drafter and k (adaptive), or keep the configured ones; returns the drafter's name,
@@ -183,6 +196,7 @@ class TickPlanner:
         """Begin a chunk whose budget runs from t_start_ns (default: now)."""
         t = time.perf_counter_ns() if t_start_ns is None else t_start_ns
         self.deadline_ns = t + int((self.budget_ms - self.cfg.margin_ms) * 1e6)
+        self._tokens_per_ns = None
 
     def unlimited(self) -> None:
         """Plan without a deadline (warm-up and offline evaluation)."""
@@ -194,13 +208,54 @@ class TickPlanner:
             # The prefill always runs while any budget is left: without it nothing is verified, and an op
             # that is never run again could never correct a pessimistic estimate.
             return 0 if left is None or left > 0 else None
+        if left is not None and committed >= self.row_tokens and \
+                left * self._best_tokens_per_ns() < self.row_tokens - committed % self.row_tokens:
+            return None  # the next row cannot be completed: its tokens would be cut off (module docstring)
         speculate = self._passes_left is None or (self._passes_left > 0 and 2 * committed >= committed + remaining)
         k_chunk = self._chunk_k if speculate else 0
         for k in range(min(k_chunk, remaining - 1), -1, -1):
-            if left is None or self.latency.estimate_ns(f"draft:{self.drafter}", k) + \
-                    self.latency.estimate_ns("verify", k) <= left:
+            if left is None or self._pass_ns(k) <= left:
                 return k
         return None
+
+    def plain_passes(self, committed: int, remaining: int) -> int:
+        """After plan() returned 0: how many target-only passes may run back to back from here, in one engine call
+        (Engine.greedy_run), >= 1. Only in a chunk that does not speculate at all (its k is 0, no probe). A run
+        ends at the next row boundary: the first row is published as soon as it exists, and plan() checks the
+        deadline and the row rule again before every row, so that an engine that slows down mid-run (a stale cost
+        estimate) overruns by one row at most. Within the row, passes of the planning-quantile cost that fit the
+        time left, rounded down to the row boundary (the row rule) unless the run ends the chunk."""
+        if self._chunk_k or remaining <= 1:
+            return 1
+        m = min(remaining, self.row_tokens - committed % self.row_tokens)
+        if self.deadline_ns is not None and m < remaining:
+            per_pass = self._pass_ns(0)
+            if per_pass <= 0:  # never measured (or expired): one pass measures it
+                return 1
+            if int((self.deadline_ns - time.perf_counter_ns()) // per_pass) < m:
+                return 1  # the row does not fit: pass by pass, as plan() decides
+        return max(m, 1)
+
+    def record_plain(self, passes: int, duration_ns: int) -> None:
+        """`passes` target-only passes that took duration_ns in all (one engine call): one cost sample of their
+        mean, and the chunk's tokens."""
+        self.chooser.record_plain(passes, duration_ns // passes)
+        self.latency.record("verify", 0, duration_ns // passes)
+
+    def _pass_ns(self, k: int, quantile: float | None = None) -> float:
+        """A pass of k drafts: drafting plus verifying, at `quantile` (default: the planning one), ns."""
+        return self.latency.estimate_ns(f"draft:{self.drafter}", k, quantile) + \
+            self.latency.estimate_ns("verify", k, quantile)
+
+    def _best_tokens_per_ns(self) -> float:
+        """The most tokens a pass of this chunk can verify per ns: k + 1 (every draft kept) over its fastest
+        measured cost, best over k = 0..the chunk's k; inf while one was never measured (or its samples expired:
+        the deadline check plans such a pass as free too, and under a tight budget the lower k get run and
+        measured). Once per chunk."""
+        if self._tokens_per_ns is None:
+            costs = [(k + 1, self._pass_ns(k, FASTEST)) for k in range(self._chunk_k + 1)]
+            self._tokens_per_ns = max(n / ns if ns > 0 else float("inf") for n, ns in costs)
+        return self._tokens_per_ns
 
     def forget_costs(self) -> None:
         """Drop every measured cost, for the deadline and for the choice (the one-off costs of first calls)."""

@@ -35,6 +35,12 @@ class Planner(Protocol):
     def record(self, op: str, k: int, value: int) -> None:
         """op "prefill" | "draft" | "verify": a duration in ns; "accepted": drafts kept by a pass of k."""
 
+    def plain_passes(self, committed: int, remaining: int) -> int:
+        """After plan() returned 0: how many target-only passes may run back to back in one engine call (>= 1)."""
+
+    def record_plain(self, passes: int, duration_ns: int) -> None:
+        """`passes` target-only passes run back to back took duration_ns in all."""
+
 
 class FixedK:
     """A Planner without a budget: k drafts per pass after the prefill (k = 0: target-only) and no
@@ -47,6 +53,12 @@ class FixedK:
         return 0 if committed == 0 else self.k
 
     def record(self, op: str, k: int, value: int) -> None:
+        pass
+
+    def plain_passes(self, committed: int, remaining: int) -> int:
+        return remaining if self.k == 0 else 1
+
+    def record_plain(self, passes: int, duration_ns: int) -> None:
         pass
 
 
@@ -78,6 +90,9 @@ def speculative_decode(engine: Engine, obs: np.ndarray, n_tokens: int, drafter: 
     """
     rule = rule or Greedy()
     res = DecodeResult()
+    # an engine that runs greedy passes back to back in one call (engines/fused_engine.py): target-only stretches
+    # go there; greedy rules only (at k = 0 Relaxed is Greedy), sampling draws every token here
+    run = getattr(engine, "greedy_run", None) if isinstance(rule, Greedy) else None
     if planner.plan(0, n_tokens) is None:
         return res
     t0 = time.perf_counter_ns()
@@ -90,13 +105,22 @@ def speculative_decode(engine: Engine, obs: np.ndarray, n_tokens: int, drafter: 
         if k is None:
             return res
         k = min(k, n_tokens - n - 1) if drafter is not None else 0
+        if k == 0 and run is not None and (m := planner.plain_passes(n, n_tokens - n)) > 1:
+            t0 = time.perf_counter_ns()
+            res.tokens.extend(run(res.tokens, m))  # m target passes: the same tokens as m passes below
+            planner.record_plain(m, time.perf_counter_ns() - t0)
+            res.target_passes += m
+            if on_commit is not None:
+                on_commit(res.tokens)
+            continue
         t0 = time.perf_counter_ns()
         drafts, q = rule.draft(drafter, res.tokens, k) if k > 0 else ([], None)
         t1 = time.perf_counter_ns()
         # verify: the last committed token and the drafts at positions n..n+k; row i predicts token n + i
         logits = engine.forward(None, (res.tokens[-1], *drafts), n)
         accepted, token = rule.accept(drafts, q, logits)
-        planner.record("draft", k, t1 - t0)
+        if k:  # a pass without drafts drafted nothing, in no time
+            planner.record("draft", k, t1 - t0)
         planner.record("verify", k, time.perf_counter_ns() - t1)
         planner.record("accepted", k, accepted)
         engine.rollback(n + 1 + accepted)  # positions past the committed prefix held rejected drafts

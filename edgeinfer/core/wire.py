@@ -22,7 +22,9 @@ import msgpack
 import msgspec
 import numpy as np
 
-RUNGS = ("full", "partial", "draft", "continue", "hold")
+# The fallback ladder, best first (edgeinfer/node/runtime.py; hold: the control loop's watchdog). Its index is
+# the int8 rung code of recordings and run.mcap (sim/received.py).
+RUNGS = ("full", "coarse", "partial", "draft", "continue", "hold")
 MAX_HEADER_BYTES = 64 * 1024  # headers are a few hundred bytes; anything bigger is an attack or a bug
 MAX_FRAMES = 16
 _DTYPE = "<f8"  # the only array dtype on the wire: joint-space data is float64, little-endian

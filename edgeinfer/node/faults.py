@@ -36,19 +36,28 @@ class FaultConfig:
 
 class SlowEngine:
     """An Engine (edgeinfer.engines.engine) whose every forward pass takes `delay_ns` longer (busy-waits the
-    tail, so the wall time is exact); the scheduler sees, and plans with, the slowed costs."""
+    added time, so the wall time is exact); a run of m greedy passes in one call (greedy_run, where the engine
+    has one) m * delay_ns longer. The scheduler sees, and plans with, the slowed costs."""
 
     def __init__(self, engine, delay_ns: int):
         self.inner, self.delay_ns = engine, delay_ns
 
     def forward(self, obs, tokens, start: int) -> np.ndarray:
-        t = now_ns()
         out = self.inner.forward(obs, tokens, start)
-        sleep_until(t + self.delay_ns)
+        sleep_until(now_ns() + self.delay_ns)
         return out
 
-    def __getattr__(self, name):  # backend, precision, device, cfg, rollback, ...
-        return getattr(self.inner, name)
+    def __getattr__(self, name):  # backend, precision, device, cfg, rollback, greedy_run (slowed), ...
+        attr = getattr(self.inner, name)
+        if name != "greedy_run":
+            return attr
+
+        def greedy_run(committed, m: int) -> list[int]:
+            out = attr(committed, m)
+            sleep_until(now_ns() + m * self.delay_ns)
+            return out
+
+        return greedy_run
 
 
 class NonFiniteRuntime:

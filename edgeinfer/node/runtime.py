@@ -2,10 +2,12 @@
 
 Fallback ladder when the budget cannot hold the full plan, best first (every chunk names its rung):
     full      every action token verified by the target
-    partial   the steps fully verified so far (a shorter horizon)
-    draft     no complete verified step: the verified prefix plus the drafter's tokens, unverified
+    coarse    DCT tokens (engines/dct_tokenizer.py): the whole horizon from the coefficient rows verified so far
+    partial   step tokens (engines/tokenizer.py): the steps fully verified so far (a shorter horizon)
+    draft     no whole row verified: the verified prefix plus the drafter's tokens, unverified
     continue  nothing new: the control loop keeps the previous chunk
-(the last rung, hold, is the control loop's watchdog.)
+(the last rung, hold, is the control loop's watchdog.) A chunk cut short is cut at its last whole row of D
+tokens (a step, or one coefficient of every joint); its rung is the tokenizer's prefix_rung.
 
 The node around it (sockets, handshake, the loop, liveliness, telemetry) is edgeinfer/node/serve.py.
 """
@@ -28,6 +30,10 @@ from edgeinfer.engines.paths import DEFAULT_POLICY
 from edgeinfer.node.faults import FaultConfig
 
 DECODES = ("speculative", "target-only")
+MODES = ("ultrafast", "standard")
+# the exact preset of mode "ultrafast": the fastest exact engine, drafts that cost almost nothing, greedy acceptance
+ULTRAFAST = {"backend": "auto", "precision": "fp32", "decode": "speculative", "drafter": "kinematic",
+             "acceptance": "greedy"}
 
 
 @dataclass
@@ -36,8 +42,12 @@ class RuntimeConfig:
     chunks are decoded and verified, and its liveliness and status messages."""
 
     policy: Path = DEFAULT_POLICY  # the policy's manifest JSON: the built-in policy, or a factory (engines/factory.py)
-    backend: Literal["torch", "onnxruntime", "tensorrt"] = "torch"  # the engine the target runs on
-    precision: Literal["fp32", "bf16", "fp8"] = "fp32"  # the engine's precision
+    # the preset: ultrafast (exact: backend auto, fp32, speculative, kinematic drafter, greedy acceptance, any of those
+    # set otherwise refused) or standard (the fields as given)
+    mode: Literal["ultrafast", "standard"] = "standard"
+    # the engine the target runs on (auto: the fastest exact fp32 engine here, measured at start-up, engines/auto.py)
+    backend: Literal["auto", "torch", "onnxruntime", "tensorrt", "fused"] = "auto"
+    precision: Literal["fp32", "bf16", "fp8", "int8"] = "fp32"  # the engine's precision (bf16, fp8, int8: LOSSY)
     device: str = "cpu"  # the engine's device (cpu, cuda, cuda:1, ...)
     decode: Literal["speculative", "target-only"] = "speculative"  # draft and verify, or the target alone
     # a drafter by name, or "auto": every drafter that applies to the policy, the scheduler choosing one per chunk
@@ -81,6 +91,13 @@ class RuntimeConfig:
 
     def __post_init__(self):
         self.policy = Path(self.policy)
+        if self.mode not in MODES:
+            raise ValueError(f"RuntimeConfig.mode must be one of {MODES}, got {self.mode!r}")
+        if self.mode == "ultrafast":
+            self._apply_preset(ULTRAFAST)
+        if self.backend == "auto" and self.precision != "fp32":
+            raise ValueError(f"RuntimeConfig: backend 'auto' runs exact engines only (fp32); precision "
+                             f"{self.precision!r} is lossy: name its backend (e.g. onnxruntime for int8)")
         if self.decode not in DECODES:
             raise ValueError(f"RuntimeConfig.decode must be one of {DECODES}, got {self.decode!r}")
         if self.drafter != "auto" and self.drafter not in DRAFTERS:
@@ -103,6 +120,17 @@ class RuntimeConfig:
         if not self.runtime_stats_ms > 0:
             raise ValueError(f"RuntimeConfig.runtime_stats_ms must be > 0, got {self.runtime_stats_ms}")
 
+    def _apply_preset(self, preset: dict) -> None:
+        """Set the preset's fields; one set to neither its default nor the preset's value is refused (ValueError
+        naming the fields): the preset is exact, an explicit lossy precision or acceptance contradicts it."""
+        defaults = {f.name: f.default for f in dataclasses.fields(self) if f.name in preset}
+        conflicts = {k: getattr(self, k) for k, v in preset.items() if getattr(self, k) not in (v, defaults[k])}
+        if conflicts:
+            raise ValueError(f"RuntimeConfig: mode {self.mode!r} sets {preset}; conflicting fields "
+                             f"{conflicts} (use mode 'standard' to set them)")
+        for k, v in preset.items():
+            setattr(self, k, v)
+
     def rule(self) -> Greedy | Relaxed | Sampling:
         """The acceptance rule this configuration asks for (a fresh one: Sampling carries its own rng)."""
         if self.acceptance == "sampling":
@@ -120,13 +148,21 @@ class PolicyRuntime:
         self.cfg = cfg
         # the built-in policy, or a factory policy (engines/factory.py: refused here if its load checks fail)
         self.policy = load_served_policy(cfg.policy)
-        self.engine = open_engine(self.policy, cfg.backend, cfg.precision, cfg.device, cfg.threads)
         names = list(self.policy.drafters) if cfg.drafter == "auto" else [cfg.drafter]
         self.drafters = {n: make_drafter(n, self.policy) for n in names} if cfg.decode == "speculative" else {}
         self.fallback = self.drafters.get("kinematic") or next(iter(self.drafters.values()), None)
+        self.engine_choice: dict | None = None  # backend auto: which engine and why (engines/auto.py)
+        if cfg.backend == "auto":  # measured with the drafter and k the chunks will use
+            from edgeinfer.engines.auto import PROBE_K, open_auto
+
+            self.engine, self.engine_choice = open_auto(self.policy, cfg.device, cfg.threads, self.fallback,
+                                                        min(cfg.scheduler.k_max, PROBE_K))
+        else:
+            self.engine = open_engine(self.policy, cfg.backend, cfg.precision, cfg.device, cfg.threads)
         self.rule = cfg.rule()
         k_max = cfg.scheduler.k_max if cfg.decode == "speculative" else 0
-        self.planner = TickPlanner(dataclasses.replace(cfg.scheduler, k_max=k_max), list(self.drafters))
+        self.planner = TickPlanner(dataclasses.replace(cfg.scheduler, k_max=k_max), list(self.drafters),
+                                   row_tokens=self.policy.cfg.n_joints)  # a cut chunk ends on a row of D tokens
         self.n_chunks = 0
 
     def chunk_timing(self, period_ns: int) -> tuple[int, int]:
@@ -154,9 +190,10 @@ class PolicyRuntime:
              budget: bool = True, on_first_step: Callable[[ActionChunk], None] | None = None) -> ActionChunk:
         """Decode a chunk for `obs`; the budget runs from t_start_ns (default now). step_ns: chunk step.
 
-        on_first_step(chunk), when given, receives the chunk's first verified action step as soon as the target
-        has verified it (a `partial` chunk of one step, same observation), before the rest is decoded: the
-        control loop can act on the new observation one chunk earlier (time to first action)."""
+        on_first_step(chunk), when given, receives the chunk's first verified row of D tokens as soon as the target
+        has verified it (same observation, rung tokenizer.prefix_rung: one step, `partial`, for step tokens; the
+        whole horizon from coefficient 0, `coarse`, for DCT tokens), before the rest is decoded: the control loop
+        can act on the new observation one chunk earlier (time to first action)."""
         p, d = self.policy, self.policy.cfg.n_joints
         if obs.q_rad.shape != (d,):
             raise ObservationMismatch(f"{obs.q_rad.shape[0]} joints, the policy has {d}")
@@ -166,12 +203,15 @@ class PolicyRuntime:
         for dr in {drafter, self.fallback} - {None}:  # model drafters defer their prefill to their first proposal
             dr.reset(obs.q_rad, obs.qd_rad_s, obs.q_prev_rad)
         first_sent = on_first_step is None
+        # the rung of a chunk cut at a row boundary; a factory's tokenizer without one decodes step-major (its
+        # contract, engines/factory.py)
+        prefix_rung = getattr(p.tokenizer, "prefix_rung", "partial")
 
         def publish_first_step(tokens: list[int]) -> None:
             nonlocal first_sent
             if not first_sent and d <= len(tokens) < p.cfg.n_tokens:
                 first_sent = True
-                on_first_step(self._chunk(obs, tokens[:d], "partial", step_ns, None, count=False))
+                on_first_step(self._chunk(obs, tokens[:d], prefix_rung, step_ns, None, count=False))
 
         res = speculative_decode(self.engine, p.features(obs.q_rad, obs.qd_rad_s, obs.q_prev_rad),
                                  p.cfg.n_tokens, drafter, self.planner, self.rule, publish_first_step)
@@ -179,7 +219,7 @@ class PolicyRuntime:
         if res.complete:
             rung = "full"
         elif len(tokens) >= d:
-            rung, tokens = "partial", tokens[: len(tokens) // d * d]
+            rung, tokens = prefix_rung, tokens[: len(tokens) // d * d]
         elif self.fallback is not None:
             rung, tokens = "draft", tokens + (drafter or self.fallback).propose(tokens, p.cfg.n_tokens - len(tokens))
         else:
@@ -188,8 +228,9 @@ class PolicyRuntime:
 
     def _chunk(self, obs: Observation, tokens: list[int], rung: str, step_ns: int, res, count: bool = True
                ) -> ActionChunk:
-        """The ActionChunk of `tokens` (anchor row obs.q_rad, then one row per action step); res: the
-        DecodeResult behind it (None: an early first step, whose counts arrive with the rest)."""
+        """The ActionChunk of `tokens` (a multiple of D; anchor row obs.q_rad, then the rows tokenizer.decode
+        gives: one per whole row for step tokens, H for DCT tokens); res: the DecodeResult behind it (None: an
+        early first step, whose counts arrive with the rest)."""
         d = self.policy.cfg.n_joints
         steps = (obs.q_rad + self.policy.tokenizer.decode(np.array(tokens, dtype=np.int64)) if tokens
                  else np.zeros((0, d)))

@@ -27,6 +27,7 @@ from edgeinfer.core.clock import now_ns, pin_to_cpus, wait_until
 from edgeinfer.core.lifecycle import ParentWatch
 from edgeinfer.core.scheduler import UNRESOLVED_BUDGET_MS
 from edgeinfer.core.wire import ActionChunk, Hello, Message, Observation, ObservationMismatch, Start, Stop
+from edgeinfer.engines.auto import choice_counters
 from edgeinfer.node import faults
 from edgeinfer.node.echo import start_echo
 from edgeinfer.node.handshake import await_control, await_start
@@ -72,6 +73,7 @@ class RuntimeNode:
         self.source = ObservationSource()
         self._budget_ns = int(UNRESOLVED_BUDGET_MS * 1e6)  # until a Start gives the control period (_begin)
         self._max_age_ns = int(cfg.max_obs_age_ms * 1e6) if cfg.max_obs_age_ms is not None else None
+        self._engine_choice, self._engine_counters = None, {}  # backend auto's choice (engines/auto.py)
 
     def open(self) -> "RuntimeNode":
         cfg, ep = self.cfg, self.endpoints
@@ -79,6 +81,8 @@ class RuntimeNode:
         if warning := pin_to_cpus(cfg.runtime_cpus):  # before the engine starts its threads
             print(f"runtime: {warning}", flush=True)
         self.runtime = make_runtime(cfg)
+        self._engine_choice = getattr(self.runtime, "engine_choice", None)  # backend auto: which engine, why
+        self._engine_counters = choice_counters(self._engine_choice) if self._engine_choice else {}  # in each Stats
         try:
             self.ctx = zmq.Context()
             keys = ep.curve_keys()
@@ -125,8 +129,10 @@ class RuntimeNode:
             policy.planner.latency.observer = self.telemetry.observe_ns
         self._streaming = policy if self.cfg.stream_first_step else None
         cfg = self.cfg
+        c = self._engine_choice
+        backend = f"{c['chosen']} (auto, {c['why']}; excluded {c['excluded']})" if c else cfg.backend
         what = ("null policy" if cfg.null_policy else f"bring-your-own {cfg.byo_spec}" if cfg.byo_spec
-                else f"{cfg.decode} on {cfg.backend} {cfg.precision}")
+                else f"{cfg.decode} on {backend} {cfg.precision}")
         print(f"runtime: {'re' if mid_run else ''}started ({what}, budget {self._budget_ns / 1e6:g} ms)", flush=True)
         self._last_msg_ns = now_ns()
         self._serving = True
@@ -272,6 +278,7 @@ class RuntimeNode:
                         control_lost=control.lost, control_restarts=control.restarts, source_restarts=src.restarts,
                         obs_out_of_order=src.out_of_order, obs_implausible=src.clock.implausible)
         counters.update({f"malformed.{kind}": n for kind, n in list(rx.malformed_by_kind.items())})
+        counters.update(self._engine_counters)
         return counters
 
     def finish(self) -> int:

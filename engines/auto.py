@@ -1,0 +1,213 @@
+"""`backend="auto"`: at start-up, measure the exact engines available here and run the fastest.
+
+    candidates   cpu: fused, onnxruntime, torch; cuda: torch (decode/verify in CUDA graphs), tensorrt, onnxruntime;
+                 always fp32: a reduced precision (engines.engine.LOSSY_PRECISIONS, int8 among them) is never one
+    exclusion    unavailable here (engines.engine.unavailable_reason), failed to open (build error), or not exact:
+                 its greedy tokens differ from torch fp32 target-only greedy decoding on any probe observation
+    measure      every probe observation decoded target-only and speculatively with the runtime's drafter and k
+                 (FixedK), greedy acceptance, the candidates in turn per probe; the first DISCARD_CHUNKS are one-off
+                 costs and dropped. A candidate's time is the better of the two decodes: the runtime's adaptive
+                 planner (core/adaptive.py) turns speculation off where it does not pay, as it does on the fused
+                 engine, whose verify pass of k + 1 tokens costs about k + 1 single-token passes
+    choice       the exact candidate with the lowest p90 chunk time (STATISTIC); the others are closed
+
+The choice travels to the run report as integer counters of the runtime's Stats (choice_counters), decoded on the
+other side by choice_from_counters: the report's "engine_choice" section (sim/report.py).
+"""
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+import numpy as np
+
+from edgeinfer.core.acceptance import Greedy
+from edgeinfer.core.speculative import FixedK, speculative_decode
+from edgeinfer.engines.engine import unavailable_reason
+
+STATISTIC = "p90"  # of the measured chunk times: a tail, since a chunk's deadline is what the runtime keeps
+DISCARD_CHUNKS = 2  # the first chunks of each candidate: allocation, lazy binding, caches
+PROBE_OBSERVATIONS = 16  # decoded by every candidate: the exactness check and the timing
+PREFIX = "engine_choice."  # of the Stats counters that carry the choice
+PROBE_K = 4  # drafts per pass measured (at most the planner's k_max): the k of the issue-18 bench rows
+
+
+def candidates(device: str = "cpu") -> list[str]:
+    """The backends auto measures on `device`, in order ("fused" is a CPU kernel)."""
+    return ["torch", "tensorrt", "onnxruntime"] if device.startswith("cuda") else ["fused", "onnxruntime", "torch"]
+
+
+def probe_states(policy, n: int, seed: int = 0) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """n robot states (q_rad, qd_rad_s, q_prev_rad) (D,) float64: the policy's warm-up state, then states drawn
+    around it (the built-in policy: its features' mean + std * N(0, 1), velocity and last increment moving
+    together; otherwise 1 mrad of noise)."""
+    q, qd, q_prev = (np.asarray(a, np.float64) for a in policy.warmup_state())
+    d, rng = len(q), np.random.default_rng(seed)
+    std = getattr(policy, "feat_std", None)
+    scale = (std[:d], std[d:2 * d], std[2 * d:3 * d]) if std is not None else (1e-3, 1e-3, 1e-3)
+    states = [(q, qd, q_prev)]
+    for _ in range(n - 1):  # smooth motion: the last chunk step's increment drawn with the velocity (same z)
+        zq, zv = rng.standard_normal(d), rng.standard_normal(d)
+        q1 = q + scale[0] * zq
+        states.append((q1, qd + scale[1] * zv, q1 - (q - q_prev + scale[2] * zv)))
+    return states
+
+
+def reference_tokens(policy, xs: np.ndarray, torch_engine) -> np.ndarray:
+    """Torch fp32 target-only greedy tokens (N, n_tokens) of normalised observations xs (N, obs_dim): batched for
+    the built-in policy (engines/evaluate.py), pass by pass on `torch_engine` (torch fp32) for any other."""
+    from edgeinfer.engines.policy import Policy
+    from edgeinfer.engines.quality import greedy_chunk
+
+    if isinstance(policy, Policy):
+        import torch
+
+        from edgeinfer.engines.evaluate import greedy_decode_batch
+
+        return greedy_decode_batch(policy.model, torch.as_tensor(xs))
+    return np.array([greedy_chunk(torch_engine, x, policy.cfg.n_tokens) for x in xs])
+
+
+def measure(opened: dict, policy, states, xs, drafter, k: int, clock: Callable[[], int]) -> dict:
+    """Every probe decoded by every opened engine, target-only (k = 0) and, with a drafter, speculatively (greedy,
+    FixedK(k)), round-robin per probe so that a load that comes and goes weighs on all alike:
+    {(name, k): (chunk times (N,) ns, tokens per probe)}."""
+    ks = (0, k) if drafter is not None and k > 0 else (0,)
+    out = {(name, kk): ([], []) for name in opened for kk in ks}
+    for state, x in zip(states, xs):
+        for (name, kk), (times, tokens) in out.items():
+            if kk:
+                drafter.reset(*state)
+            t0 = clock()
+            res = speculative_decode(opened[name], x, policy.cfg.n_tokens, drafter if kk else None, FixedK(kk),
+                                     Greedy())
+            times.append(clock() - t0)
+            tokens.append(res.tokens)
+    return {key: (np.array(times), tokens) for key, (times, tokens) in out.items()}
+
+
+def choose_engine(policy, open_engine: Callable, device: str = "cpu", threads: int = 1, drafter=None, k: int = 4,
+                  n_probes: int = PROBE_OBSERVATIONS, names: list[str] | None = None,
+                  clock: Callable[[], int] | None = None,
+                  available: Callable[[str, str], str | None] = unavailable_reason):
+    """The fastest exact engine of `policy` on `device`, and why: (engine, choice dict).
+
+    open_engine(policy, backend, precision, device, threads) opens an engine (engines/served.py open_engine);
+    drafter: the runtime's drafter (None: target-only), k its drafts per pass; names: the candidates (default
+    candidates(device)); clock: ns (default time.perf_counter_ns); available(backend, device): why one cannot
+    run (None: it can;
+    engines.engine.unavailable_reason). Tests inject the last three. The choice dict: statistic, probes, chosen,
+    candidates {name: {chunk_ms_p50, chunk_ms_p90, k (the faster decode: 0 target-only), chunk_ms_p90_by_k, exact,
+    mismatched_tokens, open_s}}, excluded {name: reason},
+    start_up_s. Raises what opening torch fp32 (the reference) raises, and RuntimeError listing every candidate's
+    reason when none is exact and available.
+    """
+    t_start, clock = time.perf_counter(), clock or time.perf_counter_ns
+    names = names or candidates(device)
+    states = probe_states(policy, n_probes + DISCARD_CHUNKS)
+    xs = np.stack([policy.features(*s) for s in states]).astype(np.float32)
+    opened, open_s, excluded = {}, {}, {}
+    for name in ["torch", *[n for n in names if n != "torch"]]:  # torch first: the reference
+        if (reason := available(name, device)) is not None:
+            excluded[name] = f"unavailable: {reason}"
+            continue
+        t0 = time.perf_counter()
+        try:
+            opened[name] = open_engine(policy, name, "fp32", device, threads)
+        except Exception as e:  # noqa: BLE001  (a backend that fails to build is a reason, not the end of start-up)
+            if name == "torch":  # the reference: its error (a factory policy's failed load check) is the policy's
+                raise
+            excluded[name] = f"build error: {type(e).__name__}: {e}"
+            continue
+        open_s[name] = round(time.perf_counter() - t0, 3)
+    if "torch" not in opened:
+        raise RuntimeError(f"backend auto on {device}: torch fp32, the reference of exactness, is {excluded['torch']}")
+    ref = reference_tokens(policy, xs, opened["torch"])
+    engines, figures = {}, {}
+    measured = measure(opened, policy, states, xs, drafter, k, clock)
+    for name in opened:
+        runs = {kk: v for (n, kk), v in measured.items() if n == name}
+        mismatched = int(sum(np.sum(np.asarray(t) != r) for _, tokens in runs.values() for t, r in zip(tokens, ref)))
+        p90 = {kk: float(np.percentile(times[DISCARD_CHUNKS:] / 1e6, 90)) for kk, (times, _) in runs.items()}
+        best_k = min(p90, key=p90.get)
+        times_ms = runs[best_k][0][DISCARD_CHUNKS:] / 1e6
+        figures[name] = {"chunk_ms_p50": round(float(np.percentile(times_ms, 50)), 4),
+                         "chunk_ms_p90": round(p90[best_k], 4), "k": best_k,
+                         "chunk_ms_p90_by_k": {str(kk): round(v, 4) for kk, v in p90.items()},
+                         "exact": mismatched == 0, "mismatched_tokens": mismatched, "open_s": open_s[name]}
+        if mismatched:
+            excluded[name] = f"not exact: {mismatched} of {ref.size * len(runs)} tokens differ from torch fp32 greedy"
+        elif name in names:
+            engines[name] = opened[name]
+    if not engines:
+        raise RuntimeError(f"backend auto: no exact engine available on {device}: {excluded}")
+    chosen = min(engines, key=lambda n: figures[n]["chunk_ms_p90"])
+    best = figures[chosen]["k"]
+    others = ", ".join(f"{n} {figures[n]['chunk_ms_p90']:.3f} ms" for n in engines if n != chosen) or "none"
+    choice = {
+        "statistic": f"{STATISTIC} chunk time of {n_probes} probe chunks, the better of target-only"
+                     f"{f' and speculative ({drafter.name}, k={k})' if drafter else ''}, after {DISCARD_CHUNKS} "
+                     "discarded",
+        "probes": n_probes + DISCARD_CHUNKS, "chosen": chosen,
+        "why": f"fastest exact: {STATISTIC} {figures[chosen]['chunk_ms_p90']:.3f} ms "
+               f"({'target-only' if best == 0 else f'speculative, k={best}'}); "
+               f"other exact: {others}",
+        "candidates": {n: figures[n] for n in names if n in figures},
+        "excluded": {n: excluded[n] for n in names if n in excluded},
+        "start_up_s": round(time.perf_counter() - t_start, 3),
+    }
+    return engines[chosen], choice
+
+
+# The choice as Stats counters (integers) and back: name -> 1 for the chosen, figures in us, excluded reasons by kind.
+_KINDS = ("unavailable", "build error", "not exact")
+
+
+def choice_counters(choice: dict) -> dict[str, int]:
+    """The choice dict of choose_engine as integer counters under PREFIX (times in us)."""
+    out = {f"{PREFIX}chosen.{choice['chosen']}": 1, f"{PREFIX}start_up_ms": round(choice["start_up_s"] * 1e3),
+           f"{PREFIX}probes": choice["probes"]}
+    for name, f in choice["candidates"].items():
+        out |= {f"{PREFIX}{name}.chunk_us_p50": round(f["chunk_ms_p50"] * 1e3),
+                f"{PREFIX}{name}.chunk_us_p90": round(f["chunk_ms_p90"] * 1e3),
+                f"{PREFIX}{name}.mismatched_tokens": f["mismatched_tokens"], f"{PREFIX}{name}.k": f["k"]}
+    for name, reason in choice["excluded"].items():
+        kind = next(k for k in _KINDS if reason.startswith(k))
+        out[f"{PREFIX}excluded.{name}.{kind.replace(' ', '_')}"] = 1
+    return out
+
+
+def choice_from_counters(counters: dict[str, int]) -> dict | None:
+    """The report's view of choice_counters (None when the runtime did not choose): chosen, start_up_ms, probes,
+    candidates {name: {chunk_ms_p50, chunk_ms_p90, exact, mismatched_tokens, k (0: target-only was faster)}},
+    excluded {name: kind}."""
+    mine = {k[len(PREFIX):]: v for k, v in counters.items() if k.startswith(PREFIX)}
+    chosen = [k.split(".", 1)[1] for k in mine if k.startswith("chosen.")]
+    if not chosen:
+        return None
+    cands: dict[str, dict] = {}
+    excluded = {}
+    for key, value in mine.items():
+        head, _, tail = key.rpartition(".")
+        if key.startswith("excluded."):
+            excluded[head.split(".", 1)[1]] = tail.replace("_", " ")
+        elif head and not key.startswith("chosen."):
+            cands.setdefault(head, {})[tail] = value
+    return {"chosen": chosen[0], "statistic": STATISTIC, "start_up_ms": mine.get("start_up_ms"),
+            "probes": mine.get("probes"),
+            "candidates": {n: {"chunk_ms_p50": f["chunk_us_p50"] / 1e3, "chunk_ms_p90": f["chunk_us_p90"] / 1e3,
+                               "exact": f["mismatched_tokens"] == 0, "mismatched_tokens": f["mismatched_tokens"],
+                               "k": f.get("k")}
+                           for n, f in sorted(cands.items())},
+            "excluded": dict(sorted(excluded.items()))}
+
+
+def open_auto(policy, device: str = "cpu", threads: int = 1, drafter="kinematic", k: int = 4, **options):
+    """choose_engine with the runtime's engine opener (engines/served.py open_engine); drafter: a Drafter, a
+    drafter's name (engines/drafters.py) or None (target-only). Returns (engine, choice dict)."""
+    from edgeinfer.engines.drafters import make_drafter
+    from edgeinfer.engines.served import open_engine
+
+    if isinstance(drafter, str):
+        drafter = make_drafter(drafter, policy)
+    return choose_engine(policy, open_engine, device, threads, drafter, k, **options)

@@ -1,0 +1,156 @@
+"""`backend="auto"` (engines/auto.py): the fastest exact engine by measured chunk time, every exclusion with its
+reason, the mode/precision rules of RuntimeConfig, and the choice in a real replay's report."""
+import numpy as np
+import pytest
+from rich.console import Console
+
+from edgeinfer.engines.auto import choice_counters, choice_from_counters, choose_engine
+from edgeinfer.engines.drafters import make_drafter
+from edgeinfer.engines.torch_engine import TorchEngine
+from edgeinfer.node.runtime import RuntimeConfig
+
+
+class FakeClock:
+    def __init__(self):
+        self.ns = 0
+
+    def __call__(self) -> int:
+        return self.ns
+
+
+class CostlyEngine:
+    """The torch fp32 target, each pass advancing the fake clock by cost_ns; perturbed: one bin's logit raised at
+    position 7, so that greedy decoding differs there (a deliberately inexact engine)."""
+
+    def __init__(self, policy, clock: FakeClock, cost_ns: int, perturbed: bool = False):
+        self.inner, self.clock, self.cost_ns, self.perturbed = TorchEngine(policy.model), clock, cost_ns, perturbed
+
+    def forward(self, obs, tokens, start):
+        self.clock.ns += self.cost_ns
+        logits = self.inner.forward(obs, tokens, start)
+        if self.perturbed:
+            row = 7 - start
+            if 0 <= row < len(logits):
+                logits[row, (int(logits[row].argmax()) + 1) % logits.shape[1]] += 100.0
+        return logits
+
+    def rollback(self, n):
+        self.inner.rollback(n)
+
+
+COST_US = {"torch": 190, "slow": 120, "fast": 40, "perturbed": 5}  # per pass
+
+
+@pytest.fixture(scope="module")
+def choice(policy, one_torch_thread):
+    clock = FakeClock()
+
+    def open_engine(policy, backend, precision, device, threads):
+        assert precision == "fp32"  # never a lossy candidate
+        if backend == "broken":
+            raise RuntimeError("plan export failed")
+        return CostlyEngine(policy, clock, COST_US[backend] * 1000, perturbed=backend == "perturbed")
+
+    def available(backend, device):
+        return "gone is not installed" if backend == "gone" else None
+
+    engine, choice = choose_engine(policy, open_engine, drafter=make_drafter("kinematic", policy), k=4, n_probes=6,
+                                   names=["slow", "fast", "perturbed", "broken", "gone", "torch"], clock=clock,
+                                   available=available)
+    return engine, choice
+
+
+def test_auto_picks_the_fastest_exact_engine_by_measured_chunk_time(choice):
+    engine, c = choice
+    assert c["chosen"] == "fast" and engine.cost_ns == 40_000
+    cands = c["candidates"]
+    assert set(cands) == {"slow", "fast", "perturbed", "torch"}
+    assert all(cands[n]["exact"] and cands[n]["mismatched_tokens"] == 0 for n in ("slow", "fast", "torch"))
+    # on the fake clock a chunk costs passes * cost: the order of the figures is the order of the costs
+    assert cands["perturbed"]["chunk_ms_p90"] < cands["fast"]["chunk_ms_p90"] < cands["slow"]["chunk_ms_p90"] \
+        < cands["torch"]["chunk_ms_p90"]
+    assert cands["fast"]["chunk_ms_p90"] >= 0.04 * 12  # at least a 48-token chunk's passes at k=4
+    assert c["probes"] == 8 and c["statistic"].startswith("p90") and "kinematic, k=4" in c["statistic"]
+    assert "fast" in c["why"] and "slow" in c["why"]
+    # a pass costs the same whatever its length here, so speculation pays for every candidate
+    assert all(cands[n]["k"] == 4 for n in ("slow", "fast", "torch")) and "speculative, k=4" in c["why"]
+
+
+def test_auto_ranks_an_engine_by_target_only_where_speculation_does_not_pay(policy, one_torch_thread):
+    """An engine whose pass costs grow with the tokens verified (compute-bound, like the fused kernel) is faster
+    target-only; auto ranks it by that decode, which the adaptive planner converges to, and says so."""
+    clock = FakeClock()
+
+    class ComputeBound(CostlyEngine):
+        def forward(self, obs, tokens, start):
+            self.clock.ns += self.cost_ns * max(len(tokens), 1)  # one cost per position (k drafts + 1)
+            return self.inner.forward(obs, tokens, start)
+
+    def open_engine(policy, backend, precision, device, threads):
+        cls = ComputeBound if backend == "compute" else CostlyEngine
+        return cls(policy, clock, {"compute": 30_000, "torch": 190_000}[backend])
+
+    engine, c = choose_engine(policy, open_engine, drafter=make_drafter("kinematic", policy), k=4, n_probes=4,
+                              names=["compute", "torch"], clock=clock, available=lambda b, d: None)
+    compute = c["candidates"]["compute"]
+    assert c["chosen"] == "compute" and compute["k"] == 0
+    assert compute["chunk_ms_p90_by_k"]["0"] < compute["chunk_ms_p90_by_k"]["4"]
+    assert compute["chunk_ms_p90"] == pytest.approx(0.03 * 48, rel=1e-3)  # 48 passes of one position
+    assert "target-only" in c["why"]
+
+
+def test_auto_excludes_inexact_broken_and_unavailable_engines_with_the_reason(choice):
+    _, c = choice
+    ex = c["excluded"]
+    assert set(ex) == {"perturbed", "broken", "gone"}
+    n_tokens = 8 * 48 * 2  # 8 probes, target-only and k=4
+    assert ex["perturbed"].startswith("not exact: ") and f"of {n_tokens} tokens" in ex["perturbed"]
+    assert 1 <= c["candidates"]["perturbed"]["mismatched_tokens"] <= n_tokens
+    assert ex["broken"] == "build error: RuntimeError: plan export failed"
+    assert ex["gone"] == "unavailable: gone is not installed"
+
+
+def test_the_choice_survives_the_trip_through_stats_counters(choice):
+    _, c = choice
+    counters = choice_counters(c)
+    assert all(isinstance(v, int) for v in counters.values())
+    back = choice_from_counters({"observations": 5, **counters})
+    assert back["chosen"] == "fast" and back["probes"] == 8
+    assert back["excluded"] == {"broken": "build error", "gone": "unavailable", "perturbed": "not exact"}
+    for name, f in c["candidates"].items():
+        assert back["candidates"][name]["exact"] == f["exact"]
+        assert back["candidates"][name]["chunk_ms_p90"] == pytest.approx(f["chunk_ms_p90"], abs=1e-3)
+    assert choice_from_counters({"observations": 5}) is None
+
+
+@pytest.mark.parametrize("fields, named", [
+    ({"mode": "ultrafast", "precision": "int8"}, "precision"),
+    ({"mode": "ultrafast", "acceptance": "relaxed"}, "acceptance"),
+    ({"mode": "ultrafast", "backend": "onnxruntime"}, "backend"),
+    ({"mode": "ultrafast", "decode": "target-only"}, "decode"),
+    ({"backend": "auto", "precision": "int8"}, "precision"),
+])
+def test_lossy_or_conflicting_fields_are_refused_naming_them(fields, named):
+    with pytest.raises(ValueError, match=named):
+        RuntimeConfig(**fields)
+
+
+def test_ultrafast_sets_the_exact_preset():
+    cfg = RuntimeConfig(mode="ultrafast")
+    assert (cfg.backend, cfg.precision, cfg.decode, cfg.drafter, cfg.acceptance) == (
+        "auto", "fp32", "speculative", "kinematic", "greedy")
+    assert RuntimeConfig(mode="standard", backend="onnxruntime").backend == "onnxruntime"
+
+
+def test_the_choice_reaches_a_real_replays_report(tmp_path):
+    from edgeinfer.sim.config import ReplayConfig
+    from edgeinfer.sim.replay import replay
+
+    report = replay(ReplayConfig(out=tmp_path, duration_s=1.0, plots=False, runtime=RuntimeConfig(mode="ultrafast")),
+                    Console(quiet=True))
+    c = report["engine_choice"]
+    assert c is not None and c["candidates"][c["chosen"]]["exact"]
+    assert c["chosen"] in ("fused", "onnxruntime", "torch") and "torch" in c["candidates"]
+    assert report["engine"].startswith(f"{c['chosen']} (auto)")
+    assert c["start_up_ms"] > 0 and c["probes"] > 0
+    assert np.isfinite(c["candidates"][c["chosen"]]["chunk_ms_p90"])

@@ -1,0 +1,166 @@
+"""DCT action tokens (engines/dct_tokenizer.py): round trip within half a bin per coefficient, prefix decoding within
+the documented bound for every prefix length, coefficient-major order, state round trip, and dispatch by "kind"."""
+import json
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from scipy.fft import dct
+
+from edgeinfer.engines.dct_tokenizer import DctTokenizer
+from edgeinfer.engines.paths import DEFAULT_POLICY
+from edgeinfer.engines.tokenizer import ActionTokenizer, tokenizer_from_state
+
+H, D = 8, 3
+
+
+def smooth_offsets(rng: np.random.Generator, n: int) -> np.ndarray:
+    """(n, H, D) chunk offsets of smooth motion: a velocity and an acceleration per joint, plus a little noise."""
+    h = np.arange(1, H + 1)[None, :, None]
+    v, a = rng.normal(0, 0.01, (n, 1, D)), rng.normal(0, 0.001, (n, 1, D))
+    return v * h + a * h ** 2 + rng.normal(0, 1e-4, (n, H, D))
+
+
+@pytest.fixture(scope="module")
+def fitted():
+    train = smooth_offsets(np.random.default_rng(0), 5000)
+    return DctTokenizer.fit(train, n_bins=64), smooth_offsets(np.random.default_rng(1), 2000)
+
+
+def test_round_trip_within_half_a_bin_per_coefficient(fitted):
+    tok, offsets = fitted
+    coefs = dct(offsets, type=2, norm="ortho", axis=1)
+    inside = np.all((coefs > tok.lo_rad) & (coefs < tok.hi_rad), axis=(1, 2))
+    assert inside.mean() > 0.99  # the fitted ranges cover held-out data of the same motion
+    tokens = tok.encode(offsets[inside])
+    assert tokens.shape == (inside.sum(), H * D) and tokens.dtype == np.int64
+    assert np.all(np.abs(tok.coefficients(tokens) - coefs[inside]) <= tok.width_rad / 2 + 1e-12)
+    decoded = tok.decode(tokens)
+    assert decoded.shape == (inside.sum(), H, D)
+    # orthonormal: the chunk's error energy per joint is the coefficients' (Parseval)
+    assert np.allclose(((decoded - offsets[inside]) ** 2).sum(1),
+                       ((tok.coefficients(tokens) - coefs[inside]) ** 2).sum(1))
+
+
+def test_every_prefix_decodes_the_whole_horizon_within_the_bound(fitted):
+    tok, offsets = fitted
+    tokens = tok.encode(offsets)
+    coefs = dct(offsets, type=2, norm="ortho", axis=1)
+    inside = np.all((coefs > tok.lo_rad) & (coefs < tok.hi_rad), axis=(1, 2))
+    errors = []
+    for rows in range(1, H + 1):
+        decoded = tok.decode(tokens[:, :rows * D])
+        assert decoded.shape == offsets.shape  # the whole horizon at every prefix length
+        err_sq = ((decoded - offsets) ** 2).sum(1)  # (N, D) per joint, summed over the horizon
+        assert np.all(err_sq[inside] <= tok.error_bound_sq(rows, offsets[inside]) + 1e-15), rows
+        errors.append(np.sqrt(err_sq.mean()))
+    assert errors[0] > 3 * errors[-1]  # each row refines the chunk: coarse first
+    assert np.all(np.diff(errors[:3]) < 0)
+
+
+def test_tokens_are_coefficient_major():
+    tok = DctTokenizer(np.full((H, D), -1.0), np.full((H, D), 1.0), n_bins=64)
+    coefs = np.zeros((H, D))
+    coefs[0, 1] = 0.5  # coefficient 0 of joint 1
+    coefs[2, 0] = -0.5  # coefficient 2 of joint 0
+    offsets = np.asarray(dct(coefs, type=3, norm="ortho", axis=0))  # the inverse DCT-II
+    tokens = tok.encode(offsets)
+    mid = 32  # the bin holding 0
+    expected = np.full(H * D, mid)
+    expected[0 * D + 1] = mid + 16  # 0.5 / (2 / 64) bins above lo + 1
+    expected[2 * D + 0] = mid - 16
+    assert tokens.tolist() == expected.tolist()
+    assert tok.bin_of(0.5, 0, 1) == mid + 16 and np.isclose(tok.centers_rad(mid + 16, 0, 1), 0.5 + 1 / 64)
+    # one row decodes coefficient 0 only: a constant offset over the whole horizon
+    first = tok.decode(tokens[:D])
+    assert first.shape == (H, D) and np.allclose(first[:, 1], first[0, 1]) and first[0, 1] > 0
+
+
+def test_state_dict_round_trip_and_dispatch(fitted):
+    tok, offsets = fitted
+    state = json.loads(json.dumps(tok.state_dict()))  # as a manifest stores it
+    assert state["kind"] == "dct"
+    back = tokenizer_from_state(state)
+    assert isinstance(back, DctTokenizer) and (back.kind, back.prefix_rung) == ("dct", "coarse")
+    assert (back.horizon, back.n_joints, back.n_bins) == (H, D, 64)
+    assert back.encode(offsets).tolist() == tok.encode(offsets).tolist()
+
+
+def test_a_step_manifest_without_kind_loads_as_step():
+    state = json.loads(DEFAULT_POLICY.read_text())["tokenizer"]
+    assert "kind" not in state  # the shipped manifests predate the DCT tokens
+    tok = tokenizer_from_state(state)
+    assert isinstance(tok, ActionTokenizer) and (tok.kind, tok.prefix_rung) == ("step", "partial")
+    assert tok.state_dict() == state  # the step manifests stay as they were
+    with pytest.raises(ValueError, match="'bpe' is unknown"):
+        tokenizer_from_state({**state, "kind": "bpe"})
+
+
+def test_bad_input_is_refused_naming_it(fitted):
+    tok, _ = fitted
+    with pytest.raises(ValueError, match="multiple of n_joints"):
+        tok.decode(np.zeros(D + 1, dtype=int))
+    with pytest.raises(ValueError, match="up to 24"):
+        tok.decode(np.zeros(H * D + D, dtype=int))
+    with pytest.raises(ValueError, match="horizon, n_joints"):
+        tok.encode(np.zeros((H - 1, D)))
+    with pytest.raises(ValueError, match="hi_rad must exceed"):
+        DctTokenizer(np.zeros((H, D)), np.zeros((H, D)))
+    with pytest.raises(ValueError, match=r"\(H, D\)"):
+        DctTokenizer(np.zeros(D), np.ones(D))
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(0, 2 ** 32 - 1), st.integers(1, H))
+def test_prefix_error_bound_holds_for_any_chunk_inside_the_ranges(seed, rows):
+    rng = np.random.default_rng(seed)
+    tok = DctTokenizer(-rng.uniform(0.01, 1, (H, D)), rng.uniform(0.01, 1, (H, D)), n_bins=int(rng.integers(2, 300)))
+    coefs = rng.uniform(tok.lo_rad, tok.hi_rad, (4, H, D))
+    offsets = np.asarray(dct(coefs, type=3, norm="ortho", axis=1))
+    tokens = tok.encode(offsets)
+    assert np.all((tokens >= 0) & (tokens < tok.n_bins))
+    err_sq = ((tok.decode(tokens[:, :rows * D]) - offsets) ** 2).sum(1)
+    assert np.all(err_sq <= tok.error_bound_sq(rows, offsets) + 1e-12)
+
+
+def test_load_policy_refuses_a_tokenizer_that_does_not_fit_the_config(tmp_path):
+    from edgeinfer.engines.policy import load_policy
+
+    manifest = json.loads(DEFAULT_POLICY.read_text())
+    (tmp_path / manifest["weights"]).write_bytes((DEFAULT_POLICY.parent / manifest["weights"]).read_bytes())
+    short = DctTokenizer(np.full((4, 6), -1.0), np.full((4, 6), 1.0), n_bins=64)  # the config's horizon is 8
+    for state, kind in ((short.state_dict(), DctTokenizer), (manifest["tokenizer"], ActionTokenizer)):
+        path = tmp_path / f"{kind.kind}.json"
+        path.write_text(json.dumps({**manifest, "tokenizer": state}))
+        if kind is ActionTokenizer:
+            assert isinstance(load_policy(path).tokenizer, ActionTokenizer)
+        else:
+            with pytest.raises(ValueError, match=r"dct.json: tokenizer \(dct\) does not fit config .*horizon=8"):
+                load_policy(path)
+
+
+def test_train_and_distill_with_dct_tokens(tmp_path):
+    from edgeinfer.engines.distill import DistillConfig, distill
+    from edgeinfer.engines.policy import load_policy
+    from edgeinfer.engines.train import TrainConfig, train
+
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    for i in (1, 2, 3):  # three 2-joint CSV runs, positions only, 100 Hz
+        t = np.arange(150) / 100.0
+        q = np.column_stack([t, 0.3 * np.sin(2 * t + i), 0.2 * np.cos(3 * t + i)])
+        np.savetxt(logs / f"run{i}.csv", q, delimiter=",", header="t,q0,q1", comments="")
+    out = tmp_path / "p_target.json"
+    train(TrainConfig(data=logs, derive="qd", steps=3, batch_size=16, n_bins=16, tokenizer="dct", out=out))
+    manifest = json.loads(out.read_text())
+    assert manifest["tokenizer"]["kind"] == "dct"
+    policy = load_policy(out)
+    assert isinstance(policy.tokenizer, DctTokenizer)
+    assert policy.tokenizer.lo_rad.shape == (policy.cfg.horizon, 2) and policy.tokenizer.n_bins == 16
+    metrics = manifest["metrics_held_out"]
+    assert len(metrics["tokenizer_rmse_rad_per_prefix"]) == policy.cfg.horizon
+    assert metrics["tokenizer_rmse_rad_per_prefix"][-1] == pytest.approx(metrics["tokenizer_rmse_rad"])
+    draft = distill(policy, DistillConfig(target=out, steps=2, batch_size=16, out=tmp_path / "p_draft.json"))
+    assert isinstance(load_policy(tmp_path / "p_draft.json").tokenizer, DctTokenizer)
+    assert draft.manifest["tokenizer"] == manifest["tokenizer"]
