@@ -256,14 +256,37 @@ def _early_exit(policy, n_layers: int = 1, backend: str | None = None, max_passe
     return ModelDrafter("early-exit", engine, draft, max_passes)
 
 
-def _learned(policy, path: Path | str = DEFAULT_DRAFT, backend: str | None = None, max_passes: int | None = 1,
+def draft_path(policy) -> Path:
+    """Where the learned drafter of `policy` is: beside its manifest, named as `edgeinfer distill` names it
+    (<name>_draft.json for <name>_target.json: the shipped schunk_draft.json for schunk_target.json,
+    schunk_dct_draft.json for the DCT policy); DEFAULT_DRAFT for a policy not loaded from a file."""
+    path = getattr(policy, "path", None)
+    if path is None:
+        return DEFAULT_DRAFT
+    return path.with_name(f"{path.stem.removesuffix('_target')}_draft.json")
+
+
+def applicable_drafters(policy) -> list[str]:
+    """The drafters of policy.drafters that can run for it here: "learned" only when its draft exists
+    (draft_path), so that drafter "auto" does not fail for a policy that was never distilled."""
+    return [n for n in policy.drafters if n != "learned" or draft_path(policy).is_file()]
+
+
+def _learned(policy, path: Path | str | None = None, backend: str | None = None, max_passes: int | None = 1,
              **engine_options) -> ModelDrafter:
-    """The distilled draft model at `path` (engines/distill.py). Raises ValueError when its tokens do not
-    mean the target's (shape, tokenizer or normalisation differ); warns when it was distilled from
-    another target (still exact, but its drafts will rarely be accepted)."""
+    """The distilled draft model at `path` (None: draft_path(policy); engines/distill.py). Raises
+    FileNotFoundError naming the expected file and the command that makes it; ValueError when its tokens do not
+    mean the target's (shape, tokenizer or normalisation differ); warns when it was distilled from another
+    target (still exact, but its drafts will rarely be accepted)."""
     from edgeinfer.engines.build import load_engine
     from edgeinfer.engines.policy import load_policy
 
+    if path is None:
+        path = draft_path(policy)
+        if not path.is_file():
+            target = getattr(policy, "path", None) or "the target"
+            raise FileNotFoundError(f"no learned drafter for {target}: expected {path} "
+                                    f"(edgeinfer distill --target {target} --out {path})")
     draft = load_policy(path)
     same = ("obs_dim", "n_joints", "horizon", "n_bins")
     if any(getattr(draft.cfg, f) != getattr(policy.cfg, f) for f in same) or \
@@ -294,7 +317,7 @@ DRAFTERS: dict[str, Callable[..., Drafter]] = {
 
 def make_drafter(name: str, policy, **kwargs) -> Drafter:
     """Build a drafter by registry name for `policy` (edgeinfer.engines.policy.Policy, or a factory policy:
-    engines/factory.py), with the factory's options: early-exit (n_layers=1), learned (path=DEFAULT_DRAFT); both
+    engines/factory.py), with the factory's options: early-exit (n_layers=1), learned (path=draft_path(policy)); both
     take backend (None: default_backend()), max_passes (default 1, see ModelDrafter) and load_engine's options
     (e.g. cache, log for onnxruntime); model (device="cpu"). Raises KeyError naming the known drafters, ValueError
     for one that does not apply to the policy (policy.drafters)."""

@@ -56,6 +56,7 @@ class Policy:
     feat_mean: np.ndarray  # (obs_dim,)
     feat_std: np.ndarray  # (obs_dim,)
     manifest: dict
+    path: Path | None = None  # the manifest's file (load_policy): where its learned drafter is looked for
     drafters: ClassVar[tuple[str, ...]] = ("kinematic", "early-exit", "learned")  # those that apply (drafters.py)
 
     @property
@@ -107,15 +108,34 @@ def load_policy(manifest_path: Path | str = DEFAULT_POLICY, manifest: dict | Non
     if "factory" in manifest:
         raise ValueError(f"{manifest_path} is a factory policy (engines/factory.py): serve, replay, hil, launch and "
                          "the embedded Controller run it; this command takes the built-in policy only")
+    try:
+        return _build(manifest_path, manifest)
+    except KeyError as e:
+        raise ValueError(f"{manifest_path}: missing key {e.args[0]!r}") from None
+    except (ValueError, RuntimeError) as e:  # a tokenizer, config or state dict that does not fit: name the file
+        text = str(e)
+        raise ValueError(text if text.startswith(str(manifest_path)) or str(manifest_path.parent) in text
+                         else f"{manifest_path}: {text.splitlines()[0]}") from e
+
+
+def _build(manifest_path: Path, manifest: dict) -> Policy:
     weights_path = manifest_path.parent / manifest["weights"]
     blob = weights_path.read_bytes()
     digest = hashlib.sha256(blob).hexdigest()
     if digest != manifest["sha256"]:
         raise ValueError(f"{weights_path}: sha256 {digest} does not match manifest {manifest['sha256']}")
     model = ActionTransformer(load(PolicyConfig, manifest["config"], where="config", file=manifest_path))
-    model.load_state_dict(torch.load(weights_path, weights_only=True, map_location="cpu"))
+    try:
+        model.load_state_dict(torch.load(weights_path, weights_only=True, map_location="cpu"))
+    except RuntimeError as e:  # torch lists every mismatched tensor: the first line says what
+        raise ValueError(f"weights {weights_path.name} do not fit config {manifest['config']}: "
+                         f"{str(e).splitlines()[0]}") from e
     model.eval()
-    tokenizer = tokenizer_from_state(manifest["tokenizer"])
+    kind = manifest["tokenizer"].get("kind", "step")
+    try:
+        tokenizer = tokenizer_from_state(manifest["tokenizer"])
+    except (ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"tokenizer (kind {kind!r}): {e}") from e
     cfg = model.cfg
     if (tokenizer.n_joints, tokenizer.n_bins, getattr(tokenizer, "horizon", cfg.horizon)) != \
             (cfg.n_joints, cfg.n_bins, cfg.horizon):
@@ -127,4 +147,5 @@ def load_policy(manifest_path: Path | str = DEFAULT_POLICY, manifest: dict | Non
         feat_mean=np.array(manifest["feat_mean"]),
         feat_std=np.array(manifest["feat_std"]),
         manifest=manifest,
+        path=manifest_path,
     )

@@ -178,3 +178,15 @@ def test_pooled_rows_add_the_runs_up():
     assert row["action_rmse_rad_without_holds"] == pytest.approx(np.sqrt((96 * 1e-6 + 300 * 9e-6) / 396))
     assert row["condition"] == "budget 5 ms" and row["pass_delay_ms"] == 0
     assert pooled([a], Condition(slowdown=4.0), pass_ms=0.3)["pass_delay_ms"] == pytest.approx(0.9)
+
+
+def test_an_interrupted_replay_stops_the_bench_instead_of_being_pooled(monkeypatch, tmp_path):
+    """Ctrl-C during a replay stops that replay early (report "interrupted"); the bench must stop too (the CLI
+    exits 130), not pool the cut run and print a verdict."""
+    from edgeinfer.bench import anytime_replays
+    from edgeinfer.engines.paths import DEFAULT_POLICY
+
+    monkeypatch.setattr("edgeinfer.sim.replay.replay", lambda cfg, console: {"interrupted": True})
+    with pytest.raises(KeyboardInterrupt, match="interrupted"):
+        anytime_replays.replay_once(DEFAULT_POLICY, tmp_path, anytime_replays.Condition(budget_ms=5.0), 0.5,
+                                    tmp_path / "out")

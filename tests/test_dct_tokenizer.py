@@ -164,3 +164,24 @@ def test_train_and_distill_with_dct_tokens(tmp_path):
     draft = distill(policy, DistillConfig(target=out, steps=2, batch_size=16, out=tmp_path / "p_draft.json"))
     assert isinstance(load_policy(tmp_path / "p_draft.json").tokenizer, DctTokenizer)
     assert draft.manifest["tokenizer"] == manifest["tokenizer"]
+
+
+@pytest.mark.parametrize("edit, says", [
+    (lambda m: m["tokenizer"].__setitem__("kind", "step"), "tokenizer (kind 'step')"),
+    (lambda m: m.pop("tokenizer"), "missing key 'tokenizer'"),
+    (lambda m: m["config"].__setitem__("horizon", 4), "do not fit config"),
+])
+def test_a_corrupt_dct_manifest_is_refused_naming_the_file_and_what_is_wrong(tmp_path, edit, says):
+    import json
+    import shutil
+
+    from edgeinfer.engines.paths import DCT_POLICY
+    from edgeinfer.engines.policy import load_policy
+
+    m = json.loads(DCT_POLICY.read_text())
+    edit(m)
+    shutil.copy(DCT_POLICY.with_suffix(".pt"), tmp_path)
+    (tmp_path / "bad.json").write_text(json.dumps(m))
+    with pytest.raises(ValueError) as e:
+        load_policy(tmp_path / "bad.json")
+    assert str(e.value).startswith(str(tmp_path / "bad.json")) and says in str(e.value)

@@ -140,3 +140,20 @@ def test_propose_dist_returns_distributions(policy, held_out, drafters, name):
             again, q2 = drafter.propose_dist(tokens, k, _warp, np.random.default_rng(i))
             assert again == drafts and np.array_equal(q, q2)
             assert np.all((q == 0).sum(1) > 0)
+
+
+def test_the_learned_drafter_is_the_one_beside_the_policys_manifest():
+    """Each policy's learned drafter is its own distilled draft (<name>_draft.json beside <name>_target.json), so
+    `--drafter learned` and `auto` work for the DCT policy; a policy without one is refused naming the file and
+    the command, and auto leaves it out."""
+    from edgeinfer.engines.drafters import applicable_drafters, draft_path
+    from edgeinfer.engines.paths import DCT_DRAFT, DCT_POLICY, LARGE_POLICY
+
+    dct = load_policy(DCT_POLICY)
+    assert draft_path(dct) == DCT_DRAFT and draft_path(load_policy()) == DEFAULT_DRAFT
+    drafter = make_drafter("learned", dct, backend="torch")
+    assert drafter.policy.manifest["distilled_from"] == dct.manifest["sha256"]
+    large = load_policy(LARGE_POLICY)
+    assert "learned" not in applicable_drafters(large) and "learned" in applicable_drafters(dct)
+    with pytest.raises(FileNotFoundError, match="schunk_large_draft.json.*edgeinfer distill"):
+        make_drafter("learned", large)

@@ -115,7 +115,7 @@ def test_every_tick_command_chunk_and_observation_is_in_the_file(tmp_path):
     assert json.loads(meta["edgeinfer.headline"]["observations_sent"]) == n
     assert json.loads(meta["edgeinfer.headline"]["deadline_misses"]) == report["deadline_misses"]
     assert json.loads(meta["edgeinfer.headline"]["latency_ms.p99"]) == pytest.approx(report["latency_ms"]["p99"])
-    assert json.loads(meta["edgeinfer.config"]["runtime.backend"]) == "torch"
+    assert json.loads(meta["edgeinfer.config"]["runtime.backend"]) == "auto"  # the default (engines/auto.py)
     assert json.loads(meta["edgeinfer.config"]["out"]) == str(tmp_path)
 
 

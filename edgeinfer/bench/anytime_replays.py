@@ -60,7 +60,10 @@ def replay_once(policy: Path, run_dir: Path, cond: Condition, pass_ms: float, ou
                             faults=FaultConfig(fault_pass_delay_ms=round(cond.pass_delay_ms(pass_ms), 4)))
     cfg = ReplayConfig(log=run_dir, out=out, runtime=runtime, duration_s=duration_s, fork_nodes=True, plots=False,
                        run_mcap=False, host_baseline_s=0.0)
-    return replay(cfg, Console(quiet=True))
+    report = replay(cfg, Console(quiet=True))
+    if report.get("interrupted"):  # Ctrl-C or SIGTERM stopped the replay early: stop the bench, pool nothing cut
+        raise KeyboardInterrupt(f"replay {out} interrupted")
+    return report
 
 
 def _pooled_rmse(reports: list[dict], key: str, count: str) -> float | None:

@@ -39,7 +39,7 @@ from edgeinfer.core.acceptance import Greedy, Relaxed
 from edgeinfer.core.scheduler import SchedulerConfig, TickPlanner
 from edgeinfer.core.speculative import DecodeResult, FixedK, speculative_decode
 from edgeinfer.engines.calibration import sample_windows
-from edgeinfer.engines.drafters import DEFAULT_DRAFT, kinematic_drafter, make_drafter
+from edgeinfer.engines.drafters import draft_path, kinematic_drafter, make_drafter
 from edgeinfer.engines.engine import BUILDS, PRECISIONS, unavailable_reason
 from edgeinfer.engines.paths import DEFAULT_POLICY, LARGE_POLICY
 from edgeinfer.engines.policy import load_policy
@@ -107,7 +107,7 @@ class Stack:
 def stacks(cfg: UltrafastConfig, learned: bool) -> list[Stack]:
     """The rows of one policy in run order: the baseline first (it defines every ratio), then each engine's
     decodes, then the auto-picked preset. On CPU the torch target-only row is the baseline itself.
-    learned: the shipped draft model was distilled from this policy."""
+    learned: the draft model beside the policy (engines/drafters.draft_path) was distilled from it."""
     cuda = cfg.device.startswith("cuda")
     rows = [Stack("torch", "fp32", "target-only", baseline=True)]
     for backend, precision in cfg.engines:
@@ -306,7 +306,7 @@ def bench_ultrafast(policies: list, cfg: UltrafastConfig | None = None, data_dir
         path, policy = (Path(p), load_policy(p)) if isinstance(p, (str, Path)) else (None, p)
         name = Path(path or policy.manifest.get("weights", "policy")).stem
         name += f"#{len(plans) + 1}" if any(name == n for n, _, _ in plans) else ""  # two files of one name
-        learned = _distilled_from(DEFAULT_DRAFT) == policy.manifest.get("sha256")
+        learned = _distilled_from(draft_path(policy)) == policy.manifest.get("sha256")  # its own draft
         plans.append((name, policy, stacks(cfg, learned)))
     console = Console(stderr=True, quiet=quiet)
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())

@@ -25,7 +25,7 @@ from edgeinfer.core.clock import now_ns
 from edgeinfer.core.scheduler import SchedulerConfig, TickPlanner
 from edgeinfer.core.speculative import speculative_decode
 from edgeinfer.core.wire import ActionChunk, Observation, ObservationMismatch
-from edgeinfer.engines.drafters import DRAFTERS, make_drafter
+from edgeinfer.engines.drafters import DRAFTERS, applicable_drafters, make_drafter
 from edgeinfer.engines.paths import DEFAULT_POLICY
 from edgeinfer.node.faults import FaultConfig
 
@@ -97,7 +97,8 @@ class RuntimeConfig:
             self._apply_preset(ULTRAFAST)
         if self.backend == "auto" and self.precision != "fp32":
             raise ValueError(f"RuntimeConfig: backend 'auto' runs exact engines only (fp32); precision "
-                             f"{self.precision!r} is lossy: name its backend (e.g. onnxruntime for int8)")
+                             f"{self.precision!r} is lossy: name its backend (torch for bf16 or fp8, onnxruntime "
+                             "for int8)")
         if self.decode not in DECODES:
             raise ValueError(f"RuntimeConfig.decode must be one of {DECODES}, got {self.decode!r}")
         if self.drafter != "auto" and self.drafter not in DRAFTERS:
@@ -148,7 +149,7 @@ class PolicyRuntime:
         self.cfg = cfg
         # the built-in policy, or a factory policy (engines/factory.py: refused here if its load checks fail)
         self.policy = load_served_policy(cfg.policy)
-        names = list(self.policy.drafters) if cfg.drafter == "auto" else [cfg.drafter]
+        names = applicable_drafters(self.policy) if cfg.drafter == "auto" else [cfg.drafter]
         self.drafters = {n: make_drafter(n, self.policy) for n in names} if cfg.decode == "speculative" else {}
         self.fallback = self.drafters.get("kinematic") or next(iter(self.drafters.values()), None)
         self.engine_choice: dict | None = None  # backend auto: which engine and why (engines/auto.py)
