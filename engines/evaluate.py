@@ -23,14 +23,19 @@ def greedy_decode_batch(model: ActionTransformer, obs: torch.Tensor) -> np.ndarr
     return torch.stack(out, 1).numpy()
 
 
+def greedy_tokens(policy, feats: np.ndarray, batch: int = 4096) -> np.ndarray:
+    """Target-only greedy tokens (N, H*D) int64 of raw features feats (N, obs_dim), `batch` windows at a time."""
+    x = torch.as_tensor(policy.normalise(feats))
+    return np.concatenate([greedy_decode_batch(policy.model, x[i:i + batch]) for i in range(0, len(x), batch)])
+
+
 def evaluate_policy(policy, feats: np.ndarray, offsets: np.ndarray, batch: int = 4096) -> dict:
     """Held-out metrics: greedy action RMSE (rad) against the recorded future, token accuracy, and the
     RMSE of two model-free baselines (hold position; constant velocity from the last chunk step).
     The *_per_prefix lists give, for r = 1..H verified rows (r*D tokens), the RMSE of what those rows decode
     against the recorded future over the steps they decode: the first r steps for step tokens, the whole
     horizon for DCT tokens (engines/dct_tokenizer.py), of the greedy tokens and of the tokenized future."""
-    x = torch.as_tensor(policy.normalise(feats))
-    tokens = np.concatenate([greedy_decode_batch(policy.model, x[i:i + batch]) for i in range(0, len(x), batch)])
+    tokens = greedy_tokens(policy, feats, batch)
     pred = policy.tokenizer.decode(tokens)
     d = offsets.shape[2]
     last_inc = feats[:, 2 * d:3 * d]  # q - q_prev: the increment over the last chunk step

@@ -10,8 +10,9 @@ import json
 import numpy as np
 import pytest
 
-from edgeinfer.bench.anytime import AnytimeConfig, curve_windows, greedy_tokens, verdict, whole_horizon
+from edgeinfer.bench.anytime import AnytimeConfig, curve_windows, verdict, whole_horizon
 from edgeinfer.engines.dct_tokenizer import DctTokenizer
+from edgeinfer.engines.evaluate import greedy_tokens
 from edgeinfer.engines.tokenizer import ActionTokenizer
 
 H, D = 8, 6

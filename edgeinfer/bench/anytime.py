@@ -123,18 +123,10 @@ def curve_windows(policy, data_dir: Path | None, n: int | None) -> tuple[np.ndar
     return feats, offsets, source
 
 
-def greedy_tokens(policy, feats: np.ndarray, batch: int = 4096) -> np.ndarray:
-    """Target-only greedy tokens (N, H*D) int64 of raw features (N, 3D) (engines/evaluate.py)."""
-    import torch
-
-    from edgeinfer.engines.evaluate import greedy_decode_batch
-
-    x = torch.as_tensor(policy.normalise(feats))
-    return np.concatenate([greedy_decode_batch(policy.model, x[i:i + batch]) for i in range(0, len(x), batch)])
-
-
 def curve_section(policy, feats: np.ndarray, offsets: np.ndarray) -> dict:
     """The anytime curves of one policy: greedy (decoding and quantisation) and tokenizer (quantisation alone)."""
+    from edgeinfer.engines.evaluate import greedy_tokens  # torch: imported by the run, not by --help
+
     tok = policy.tokenizer
     return {"greedy": anytime_curve(tok, greedy_tokens(policy, feats), offsets),
             "tokenizer": anytime_curve(tok, tok.encode(offsets), offsets)}

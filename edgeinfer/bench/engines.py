@@ -35,6 +35,7 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
+from edgeinfer.bench.report import percentile_us as _us
 from edgeinfer.core.speculative import FixedK, speculative_decode
 from edgeinfer.engines.calibration import sample_windows
 from edgeinfer.engines.drafters import kinematic_drafter
@@ -49,10 +50,6 @@ METRICS = ("per_token_us_p50", "per_token_us_p99", "verify_us_p50", "chunk_us_p5
            "spec_chunk_us_p50", "spec_tokens_per_pass", "spec_equals_greedy", "max_abs_logit_diff",
            "teacher_forced_agreement", "token_agreement", "action_rmse_rad")
 
-
-
-def _us(samples_ns: list[int], q: float) -> float:
-    return round(float(np.percentile(samples_ns, q)) / 1e3, 2)
 
 
 def _teacher_forced(engine, obs: np.ndarray, tokens: np.ndarray) -> np.ndarray:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import numpy as np
 from rich.console import Console
 from rich.table import Table
 
@@ -14,6 +15,11 @@ from edgeinfer.bench.figures import compare
 HEAD = ("ruler", "scenario", "stat", "target-only", "speculative", "spec / target-only", "vs floor (t-o, spec)")
 FLOOR_HEAD = ("floor", "p50", "p95", "p99", "p99.9", "max")
 _STAT = {"p999": "p99.9"}
+
+
+def percentile_us(samples_ns, q: float) -> float:
+    """The q-th percentile of durations in ns, in us, rounded to 0.01 us."""
+    return round(float(np.percentile(samples_ns, q)) / 1e3, 2)
 
 
 def check_output(path: Path | None, option: str = "--json") -> None:

@@ -35,6 +35,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from edgeinfer.bench.report import percentile_us as _us
 from edgeinfer.core.acceptance import Greedy, Relaxed
 from edgeinfer.core.scheduler import SchedulerConfig, TickPlanner
 from edgeinfer.core.speculative import DecodeResult, FixedK, speculative_decode
@@ -150,10 +151,6 @@ class TimedDrafter:
         self.ns += self.clock() - t0
         self.drafted += len(out)
         return out, q
-
-
-def _us(samples_ns: list[int], q: float) -> float:
-    return round(float(np.percentile(samples_ns, q)) / 1e3, 2)
 
 
 def measure_stack(engine, policy, feats: np.ndarray, stack: Stack, drafter=None,
