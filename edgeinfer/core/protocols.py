@@ -23,7 +23,7 @@ edgeinfer.engines (engines/drafters.py, engines/*_engine.py).
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Protocol, Sequence
+from typing import Any, Callable, NamedTuple, Protocol, Sequence
 
 import numpy as np
 
@@ -37,6 +37,32 @@ class Engine(Protocol):
     def forward(self, obs: np.ndarray | None, tokens: Sequence[int], start: int) -> np.ndarray: ...
 
     def rollback(self, n: int) -> None: ...
+
+
+class Pass(NamedTuple):
+    """One sequence's share of a batched target pass (BatchedEngine.forward_batch)."""
+
+    slot: int  # its KV-cache slot, 0..n_slots-1
+    obs: np.ndarray | None  # (obs_dim,) float32 when start == 0 (the prefill), else None
+    tokens: tuple[int, ...]  # as Engine.forward: start == 0: positions 1..; else positions start..
+    start: int
+
+
+class BatchedEngine(Protocol):
+    """The target over several sequences at once (a fleet, core/fleet.py), each in its own KV-cache slot.
+
+    forward_batch(passes) -> logits per pass, (T_i, n_bins) float32, in order, exactly what Engine.forward would
+    return for that slot alone: the logits of a pass never depend on which other passes share the call (batch
+    invariance, so a robot's greedy tokens are the same whoever else is served). At most one pass per slot per
+    call; slots are written by position, so rollback is a no-op, as in every engine here."""
+
+    backend: str
+    precision: str
+    device: str
+    cfg: Any
+    n_slots: int
+
+    def forward_batch(self, passes: Sequence[Pass]) -> list[np.ndarray]: ...
 
 
 class Drafter(Protocol):

@@ -213,6 +213,38 @@ class Stats:
     histograms: dict[str, list[int]]
 
 
+@dataclass
+class Join:
+    """A robot asks a fleet runtime (edgeinfer/node/fleet.py) to serve it: robot -> runtime, on the robot's DEALER.
+    The runtime answers with an Admission. A Join again from an admitted robot (a restart) re-admits it."""
+
+    SCHEMA: ClassVar[str] = "edgeinfer.Join"
+    VERSION: ClassVar[int] = 1
+    ARRAYS: ClassVar[dict] = {}
+    robot: str  # the robot's name, unique in the fleet (its DEALER routing id)
+    n_joints: int  # D of its observations and chunks
+    period_ns: int  # its control period
+    replan_every_ticks: int  # it sends the observation a chunk is planned from every this many control ticks
+    budget_ns: int  # chunk deadline: from an observation's t_ns to its chunk ready, ns
+    max_budget_ns: int  # the longest budget it accepts when its own cannot be kept (<= budget_ns: none longer)
+
+
+@dataclass
+class Admission:
+    """The fleet runtime's answer to a Join: runtime -> robot. admitted 0 is a refusal, `reason` says why, with the
+    numbers it was decided on (the measured pass cost at the batch it would make)."""
+
+    SCHEMA: ClassVar[str] = "edgeinfer.Admission"
+    VERSION: ClassVar[int] = 1
+    ARRAYS: ClassVar[dict] = {}
+    robot: str
+    admitted: int  # 1 admitted, 0 refused
+    budget_ns: int  # the budget it is served on (its own, or a longer one it accepted); 0 when refused
+    batch: int  # robots served once it is admitted (refused: that would have been)
+    chunk_ns: int  # the predicted high-quantile time of a chunk at that batch, ns
+    reason: str
+
+
 # An observation's extra channels: "name:width" terms joined by ",", names as below, widths summing to E.
 CHANNEL_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.\-]{0,63}")
 _WIDTH = re.compile(r"[0-9]{1,3}")
@@ -266,9 +298,10 @@ def pack_channels(channels: dict[str, Any]) -> tuple[np.ndarray | None, str]:
     return extra, layout
 
 
-Message = Observation | ActionChunk | JointCommand | Hello | Start | Stop | Heartbeat | ErrorEvent | Stats
+Message = (Observation | ActionChunk | JointCommand | Hello | Start | Stop | Heartbeat | ErrorEvent | Stats | Join
+           | Admission)
 _REGISTRY = {cls.SCHEMA: cls for cls in (Observation, ActionChunk, JointCommand, Hello, Start, Stop, Heartbeat,
-                                         ErrorEvent, Stats)}
+                                         ErrorEvent, Stats, Join, Admission)}
 
 
 # Header schemas, generated once from the message classes: msgspec validates a header while it decodes it

@@ -22,8 +22,9 @@ import numpy as np
 
 from edgeinfer.core.acceptance import Greedy, Relaxed, Sampling
 from edgeinfer.core.clock import now_ns
+from edgeinfer.core.protocols import Drafter
 from edgeinfer.core.scheduler import SchedulerConfig, TickPlanner
-from edgeinfer.core.speculative import speculative_decode
+from edgeinfer.core.speculative import DecodeResult, speculative_decode
 from edgeinfer.core.wire import ActionChunk, Observation, ObservationMismatch
 from edgeinfer.engines.drafters import DRAFTERS, applicable_drafters, make_drafter
 from edgeinfer.engines.paths import DEFAULT_POLICY
@@ -216,32 +217,45 @@ class PolicyRuntime:
 
         res = speculative_decode(self.engine, p.features(obs.q_rad, obs.qd_rad_s, obs.q_prev_rad),
                                  p.cfg.n_tokens, drafter, self.planner, self.rule, publish_first_step)
-        tokens = res.tokens
-        if res.complete:
-            rung = "full"
-        elif len(tokens) >= d:
-            rung, tokens = prefix_rung, tokens[: len(tokens) // d * d]
-        elif self.fallback is not None:
-            rung, tokens = "draft", tokens + (drafter or self.fallback).propose(tokens, p.cfg.n_tokens - len(tokens))
-        else:
-            rung, tokens = "continue", []
+        rung, tokens = chunk_rung(res, p.cfg.n_tokens, d, prefix_rung, drafter or self.fallback)
         return self._chunk(obs, tokens, rung, step_ns, res)
 
     def _chunk(self, obs: Observation, tokens: list[int], rung: str, step_ns: int, res, count: bool = True
                ) -> ActionChunk:
-        """The ActionChunk of `tokens` (a multiple of D; anchor row obs.q_rad, then the rows tokenizer.decode
-        gives: one per whole row for step tokens, H for DCT tokens); res: the DecodeResult behind it (None: an
-        early first step, whose counts arrive with the rest)."""
-        d = self.policy.cfg.n_joints
-        steps = (obs.q_rad + self.policy.tokenizer.decode(np.array(tokens, dtype=np.int64)) if tokens
-                 else np.zeros((0, d)))
+        """The ActionChunk of `tokens` (build_chunk); res: the DecodeResult behind it (None: an early first step,
+        whose counts arrive with the rest)."""
         seq = self.n_chunks + 1  # an early first step carries the seq of the chunk it belongs to
         self.n_chunks += count
-        return ActionChunk(
-            seq=seq, obs_seq=obs.seq, t_obs_ns=obs.t_ns, t_ready_ns=now_ns(), step_ns=step_ns,
-            steps_rad=np.vstack([obs.q_rad[None, :], steps]), rung=rung, tokens=len(res.tokens) if res else len(tokens),
-            target_passes=res.target_passes if res else 0, drafted=res.drafted if res else 0,
-            accepted=res.accepted if res else 0)
+        return build_chunk(self.policy, obs, tokens, rung, step_ns, seq, res)
+
+
+def chunk_rung(res: DecodeResult, n_tokens: int, row_tokens: int, prefix_rung: str, drafter: Drafter | None
+               ) -> tuple[str, list[int]]:
+    """The fallback ladder (module docstring) for a decode that ended: (rung, tokens). Every token verified: full;
+    at least one whole row of row_tokens: prefix_rung (the tokenizer's), cut at its last whole row; fewer: the
+    verified prefix completed by `drafter` (draft); no drafter: continue, no tokens."""
+    tokens = res.tokens
+    if res.complete:
+        return "full", tokens
+    if len(tokens) >= row_tokens:
+        return prefix_rung, tokens[: len(tokens) // row_tokens * row_tokens]
+    if drafter is not None:
+        return "draft", tokens + drafter.propose(tokens, n_tokens - len(tokens))
+    return "continue", []
+
+
+def build_chunk(policy, obs: Observation, tokens: list[int], rung: str, step_ns: int, seq: int,
+                res: DecodeResult | None) -> ActionChunk:
+    """The ActionChunk of `tokens` (a multiple of D) for `obs`: steps_rad (rows, D) float64 rad, the anchor row
+    obs.q_rad then the rows policy.tokenizer.decode gives (one per whole row for step tokens, H for DCT tokens);
+    ready now. res: the DecodeResult behind it, for its counts (None: the tokens alone)."""
+    d = policy.cfg.n_joints
+    steps = obs.q_rad + policy.tokenizer.decode(np.array(tokens, dtype=np.int64)) if tokens else np.zeros((0, d))
+    return ActionChunk(
+        seq=seq, obs_seq=obs.seq, t_obs_ns=obs.t_ns, t_ready_ns=now_ns(), step_ns=step_ns,
+        steps_rad=np.vstack([obs.q_rad[None, :], steps]), rung=rung, tokens=len(res.tokens) if res else len(tokens),
+        target_passes=res.target_passes if res else 0, drafted=res.drafted if res else 0,
+        accepted=res.accepted if res else 0)
 
 
 class NullRuntime:

@@ -1,0 +1,319 @@
+"""Fleet scheduling: one target serving many robots, one batched pass at a time (iteration-level batching).
+
+Each robot's chunk is a Request: its own ChunkDecode (its drafter, acceptance and committed tokens), KV-cache slot
+and absolute deadline (its observation's time + its budget). Before every batched pass the scheduler
+
+    1. lets every waiting request join the running batch (a new chunk joins at the next pass, not after the others)
+       and orders the batch by earliest deadline first (EDF; or by arrival), at most max_batch sequences;
+    2. chooses k, the drafts per sequence, for goodput: the expected tokens committed by the whole batch per second of
+       pass, sum_i E_i(k) / (cost(B, k + 1) + drafting), with E_i(k) = (1 - a_i^(k+1)) / (1 - a_i) for robot i's
+       measured acceptance rate a_i (Leviathan et al. 2023, arXiv 2211.17192, eq. 1). A pass's cost grows with the
+       rows it verifies, B * (k + 1), so speculation turns down as the batch grows and back up as it shrinks;
+    3. stops each sequence whose deadline cannot hold the pass at its high-quantile cost, or whose next whole row
+       (D tokens) cannot be finished in time once it has one (the single-robot planner's row rule,
+       core/scheduler.py): it ends with its verified prefix and the node sends its fallback rung, exactly as for one
+       robot;
+    4. runs ONE BatchedEngine.forward_batch over the batch and commits each sequence's logits with its own rule.
+
+A sequence's tokens come from its own ChunkDecode and a batch-invariant engine (core/protocols.BatchedEngine), so
+they are the tokens it would get alone: batching, order and k change when a token is ready, never which.
+
+Admission (`admission`): a robot is admitted only if a chunk still fits every admitted robot's budget when all of
+them are in flight at once (synchronised phases: the worst case): the predicted chunk time at batch B is the
+goodput-best k's passes per chunk times the measured high-quantile pass cost at batch B. Otherwise it is refused
+with the numbers, or admitted on the longer budget it offered (Join.max_budget_ns) when that one fits. Clockwork
+(Gujarati et al., OSDI 2020) schedules and admits from predicted run times in the same way.
+"""
+from __future__ import annotations
+
+import math
+import time
+from collections import Counter, deque
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from edgeinfer.core.protocols import BatchedEngine, Pass
+from edgeinfer.core.speculative import ChunkDecode
+from edgeinfer.core.wire import Admission, Join
+
+ORDERS = ("edf", "arrival")
+PRIOR_ACCEPTANCE = 0.5  # a robot's acceptance rate before its first drafts are verified (they measure it)
+
+
+@dataclass
+class FleetPolicy:
+    """How a fleet runtime schedules its robots (edgeinfer/node/fleet.py; the bench's configurations differ here)."""
+
+    batching: bool = True  # one batched pass over every in-flight chunk; False: one chunk at a time, to completion
+    order: str = "edf"  # the batch's order, and who joins when it is full: "edf" (earliest deadline) or "arrival"
+    adaptive_k: bool = True  # drafts per pass chosen for goodput each pass (k_max the most); False: always k
+    k: int = 0  # drafts per pass when adaptive_k is off (0: target-only)
+    k_max: int = 8  # the most drafts per pass adaptive k may choose
+    deadline_cut: bool = True  # a chunk whose deadline cannot hold the next pass ends on its fallback rung
+    admission: bool = True  # refuse a robot that would break an admitted robot's deadline (False: admit while a slot
+    # is free)
+    max_batch: int = 64  # the most sequences in one pass
+    quantile: float = 0.99  # quantile of the measured pass costs that deadlines and admission are planned on
+    margin_ms: float = 0.5  # kept free at the end of each budget for encoding and sending the chunk, ms
+
+    def __post_init__(self):
+        if self.order not in ORDERS:
+            raise ValueError(f"FleetPolicy.order must be one of {ORDERS}, got {self.order!r}")
+        if not 0 <= self.k <= self.k_max <= 64:
+            raise ValueError(f"FleetPolicy: need 0 <= k <= k_max <= 64, got k={self.k}, k_max={self.k_max}")
+        if self.max_batch < 1:
+            raise ValueError(f"FleetPolicy.max_batch must be >= 1, got {self.max_batch}")
+        if not 0.5 <= self.quantile <= 1:
+            raise ValueError(f"FleetPolicy.quantile must be in [0.5, 1], got {self.quantile}")
+        if self.margin_ms < 0:
+            raise ValueError(f"FleetPolicy.margin_ms must be >= 0, got {self.margin_ms}")
+
+
+class PassCosts:
+    """Measured costs of batched target passes, ns, by (batch size B, rows per sequence T = k + 1): a rolling window
+    per (B, T) and its quantile. A (B, T) never measured is estimated from the measured one with the fewest rows
+    B * T at or above its own (a pass never costs less with more rows), else from the largest, scaled by rows."""
+
+    def __init__(self, quantile: float = 0.99, window: int = 256):
+        self.quantile, self.window = quantile, window
+        self._samples: dict[tuple[int, int], deque] = {}
+        self._cache: dict[tuple[int, int], float] = {}
+
+    def record(self, batch: int, rows: int, ns: int) -> None:
+        self._samples.setdefault((batch, rows), deque(maxlen=self.window)).append(ns)
+        self._cache.clear()
+
+    def measured(self) -> dict[tuple[int, int], float]:
+        """{(B, T): quantile ns} of every measured (B, T)."""
+        return {key: self._estimate(key) for key in sorted(self._samples)}
+
+    def estimate_ns(self, batch: int, rows: int) -> float:
+        """The planning quantile of a pass of `batch` sequences of `rows` rows each, ns (0.0 before any sample)."""
+        key = (batch, rows)
+        if key in self._samples:
+            return self._estimate(key)
+        if not self._samples:
+            return 0.0
+        need = batch * rows
+        above = [k for k in self._samples if k[0] * k[1] >= need]
+        if above:
+            return self._estimate(min(above, key=lambda k: (k[0] * k[1], k)))
+        top = max(self._samples, key=lambda k: (k[0] * k[1], k))
+        return self._estimate(top) * need / (top[0] * top[1])
+
+    def _estimate(self, key: tuple[int, int]) -> float:
+        if key not in self._cache:
+            self._cache[key] = float(np.quantile(np.fromiter(self._samples[key], float), self.quantile))
+        return self._cache[key]
+
+
+@dataclass
+class Request:
+    """One robot's chunk in the fleet: from its observation to the pass that ends it."""
+
+    robot: str
+    slot: int  # its KV-cache slot in the BatchedEngine
+    obs_seq: int
+    t_obs_ns: int  # when the observation was taken (monotonic, this host)
+    deadline_ns: int  # absolute: t_obs_ns + the robot's budget
+    arrival_ns: int  # when the runtime received it
+    decode: ChunkDecode  # its drafter already reset with the observation
+    started: bool = False  # joined the batch (no longer superseded by a newer observation)
+    cut: bool = False  # ended by the deadline before every token was verified
+    ended_ns: int = 0
+    passes: int = 0  # batched passes it took part in
+
+
+class FleetScheduler:
+    """Runs the in-flight chunks of every robot through one BatchedEngine, one batched pass per step() (the module
+    docstring). clock: monotonic ns (injected in tests). n_tokens: tokens per chunk; row_tokens: the policy's D.
+    costs: measured pass costs (shared with admission; warm_up fills them)."""
+
+    def __init__(self, policy: FleetPolicy, engine: BatchedEngine, n_tokens: int, row_tokens: int,
+                 costs: PassCosts | None = None, clock: Callable[[], int] = time.perf_counter_ns):
+        self.policy, self.engine, self.n_tokens, self.row_tokens = policy, engine, n_tokens, row_tokens
+        self.costs = costs or PassCosts(policy.quantile)
+        self.clock = clock
+        self.waiting: dict[str, Request] = {}  # robot -> its newest request not yet in the batch
+        self.running: list[Request] = []
+        self.acceptance: dict[str, list[int]] = {}  # robot -> [drafted, accepted], decayed (_observe)
+        self.k_chosen: Counter = Counter()  # passes by k
+        self.batch_sizes: Counter = Counter()  # passes by batch size
+        self.cuts = 0
+
+    # --- requests ---------------------------------------------------------------------------------------------
+
+    def submit(self, req: Request) -> Request | None:
+        """Queue a robot's new chunk; it joins the batch at the next pass. Returns the robot's request it replaces
+        (queued and not started: a newer observation supersedes it), or None."""
+        old = self.waiting.get(req.robot)
+        self.waiting[req.robot] = req
+        return old
+
+    def drop(self, robot: str) -> list[Request]:
+        """Forget a robot's requests (it left, or its lease expired); returns them."""
+        gone = [r for r in self.running if r.robot == robot]
+        self.running = [r for r in self.running if r.robot != robot]
+        if (w := self.waiting.pop(robot, None)) is not None:
+            gone.append(w)
+        self.acceptance.pop(robot, None)
+        return gone
+
+    def busy(self) -> bool:
+        return bool(self.running or self.waiting)
+
+    # --- one pass ---------------------------------------------------------------------------------------------
+
+    def step(self) -> list[Request]:
+        """One batched target pass over the batch (module docstring). Returns the requests that ended in it:
+        complete, or cut by their deadline (req.cut) with the tokens they had."""
+        self._join()
+        if not self.running:
+            return []
+        batch = self.running[: self.policy.max_batch]
+        k = self._choose_k(batch)
+        ended = self._cut(batch, k) if self.policy.deadline_cut else []
+        batch = [r for r in batch if not r.cut]
+        if batch:
+            passes = [r.decode.next_pass(r.slot, k) for r in batch]
+            t0 = self.clock()
+            logits = self.engine.forward_batch(passes)
+            self.costs.record(len(batch), max(len(p.tokens) + (p.start == 0) for p in passes), self.clock() - t0)
+            self.k_chosen[k] += 1
+            self.batch_sizes[len(batch)] += 1
+            for r, p, lg in zip(batch, passes, logits):
+                drafted = len(p.tokens) - 1 if p.start else 0
+                accepted = r.decode.commit(lg)
+                r.passes += 1
+                if drafted:
+                    self._observe(r.robot, drafted, accepted)
+            ended += [r for r in batch if r.decode.done]
+        now = self.clock()
+        for r in ended:
+            r.ended_ns = now
+        gone = {id(r) for r in ended}
+        self.running = [r for r in self.running if id(r) not in gone]
+        return ended
+
+    def _join(self) -> None:
+        """Waiting requests join the running batch, which is kept in the policy's order."""
+        for r in self.waiting.values():
+            r.started = True
+            self.running.append(r)
+        self.waiting.clear()
+        key = (lambda r: (r.deadline_ns, r.arrival_ns)) if self.policy.order == "edf" else (lambda r: r.arrival_ns)
+        self.running.sort(key=key)
+
+    def _choose_k(self, batch: list[Request]) -> int:
+        """This pass's drafts per sequence: fixed, or the goodput-best k (module docstring)."""
+        p = self.policy
+        if not p.adaptive_k or not any(r.decode.drafter is not None and r.decode.n > 0 for r in batch):
+            return p.k
+        rates = [self.acceptance_rate(r.robot) for r in batch if r.decode.n > 0]
+        return max(range(p.k_max + 1), key=lambda k: (self._goodput(rates, len(batch), k), -k))
+
+    def _goodput(self, rates: list[float], batch: int, k: int) -> float:
+        cost = self.costs.estimate_ns(batch, k + 1)
+        return sum(expected_tokens(a, k) for a in rates) / cost if cost > 0 else float(k == 0)
+
+    def _cut(self, batch: list[Request], k: int) -> list[Request]:
+        """Mark and return the sequences whose deadline cannot hold this pass (or, past their first whole row, the
+        rest of their next row) at the planning quantile, plus the margin."""
+        now, margin = self.clock(), int(self.policy.margin_ms * 1e6)
+        pass_ns = self.costs.estimate_ns(len(batch), k + 1)
+        ended = []
+        for r in batch:
+            left = r.deadline_ns - margin - now
+            n = r.decode.n
+            row_left = self.row_tokens - n % self.row_tokens if n >= self.row_tokens else 0
+            need = math.ceil(row_left / (k + 1)) * pass_ns if row_left else pass_ns
+            if left < need and n > 0 or left <= 0:
+                r.cut = True
+                ended.append(r)
+        self.cuts += len(ended)
+        return ended
+
+    def _observe(self, robot: str, drafted: int, accepted: int) -> None:
+        """Count a pass's drafts for the robot's acceptance rate (halved past 4096 drafts: a recent-weighted rate)."""
+        c = self.acceptance.setdefault(robot, [0, 0])
+        c[0] += drafted
+        c[1] += accepted
+        if c[0] > 4096:
+            c[0], c[1] = c[0] // 2, c[1] // 2
+
+    def acceptance_rate(self, robot: str) -> float:
+        """Robot's acceptance rate (drafts kept / drafted), PRIOR_ACCEPTANCE before it drafted."""
+        c = self.acceptance.get(robot)
+        return c[1] / c[0] if c and c[0] else PRIOR_ACCEPTANCE
+
+    # --- admission --------------------------------------------------------------------------------------------
+
+    def chunk_ns(self, batch: int) -> tuple[float, int]:
+        """(predicted high-quantile ns of a chunk when `batch` robots are in flight at once, the k it assumes): the
+        prefill plus the passes the goodput-best k needs for the rest, each at the measured pass cost at `batch`."""
+        rates = [self.acceptance_rate(r) for r in self.acceptance] or [PRIOR_ACCEPTANCE]
+        a = float(np.mean(rates))
+        ks = range(self.policy.k_max + 1) if self.policy.adaptive_k else (self.policy.k,)
+        best = None
+        for k in ks:
+            passes = math.ceil((self.n_tokens - 1) / expected_tokens(a, k))
+            ns = self.costs.estimate_ns(batch, 1) + passes * self.costs.estimate_ns(batch, k + 1)
+            if best is None or ns < best[0]:
+                best = (ns, k)
+        return best
+
+    def admission(self, join: Join, admitted_ns: dict[str, int], n_slots: int) -> Admission:
+        """Admit `join` or refuse it, given the budgets (ns) of the robots admitted now (a re-Join of one of them:
+        a restart, decided again) and the engine's n_slots (module docstring)."""
+        others = {r: b for r, b in admitted_ns.items() if r != join.robot}
+        batch = len(others) + 1
+        if batch > n_slots:
+            return Admission(join.robot, 0, 0, batch, 0, f"no free slot: this runtime serves at most {n_slots} robots")
+        chunk, k = self.chunk_ns(batch)
+        need = int(chunk + self.policy.margin_ms * 1e6)
+        if not self.policy.admission:
+            return Admission(join.robot, 1, join.budget_ns, batch, int(chunk), "admitted (admission control off)")
+        why = (f"with {batch} robots a chunk takes {chunk / 1e6:.2f} ms at p{self.policy.quantile * 100:g} "
+               f"(k={k}; passes at batch {batch}) + {self.policy.margin_ms:g} ms margin")
+        if others and need > (tight := min(others.values())):
+            robot = min(others, key=others.get)
+            return Admission(join.robot, 0, 0, batch, int(chunk), f"refused: {why} > robot {robot!r}'s budget "
+                                                                  f"{tight / 1e6:g} ms")
+        if need <= join.budget_ns:
+            return Admission(join.robot, 1, join.budget_ns, batch, int(chunk), f"admitted: {why} <= its budget "
+                                                                               f"{join.budget_ns / 1e6:g} ms")
+        if need <= join.max_budget_ns:
+            budget = max(join.budget_ns, math.ceil(need / 1e6) * 1_000_000)
+            return Admission(join.robot, 1, budget, batch, int(chunk),
+                             f"admitted on a longer budget, {budget / 1e6:g} ms: {why} > its budget "
+                             f"{join.budget_ns / 1e6:g} ms")
+        return Admission(join.robot, 0, 0, batch, int(chunk), f"refused: {why} > its budget "
+                                                              f"{join.budget_ns / 1e6:g} ms (longest accepted "
+                                                              f"{max(join.max_budget_ns, join.budget_ns) / 1e6:g} ms)")
+
+    def warm_up(self, obs: np.ndarray, rounds: int = 8) -> None:
+        """Measure the pass costs that admission and the deadlines plan on: `rounds` batched passes at every batch
+        size 1..min(n_slots, max_batch) and each of rows 1, 2, 3, 5, 9, 17 (k + 1) that the policy's k allows (others
+        are estimated: PassCosts), the prefill of `obs` (obs_dim,) float32 in every slot first, positions spread
+        over the chunk. Writes the slots' caches (as any pass does: a chunk's prefill starts afresh)."""
+        p = self.policy
+        top = min(self.engine.n_slots, p.max_batch)
+        k_top = p.k_max if p.adaptive_k else p.k
+        rows = sorted({1, k_top + 1} | {t for t in (2, 3, 5, 9, 17) if t <= k_top + 1})
+        for b in range(1, top + 1):
+            self.engine.forward_batch([Pass(s, obs, (), 0) for s in range(b)])
+            for t in rows:
+                for i in range(rounds):
+                    start = 1 + (i * 7) % max(1, self.n_tokens - t)
+                    passes = [Pass(s, None, (0,) * t, start) for s in range(b)]
+                    t0 = self.clock()
+                    self.engine.forward_batch(passes)
+                    self.costs.record(b, t, self.clock() - t0)
+
+
+def expected_tokens(a: float, k: int) -> float:
+    """Expected tokens a pass of k drafts commits at acceptance rate a: (1 - a^(k+1)) / (1 - a) (Leviathan et al.
+    2023, eq. 1; k + 1 at a = 1)."""
+    return k + 1.0 if a >= 1.0 else (1.0 - a ** (k + 1)) / (1.0 - a)
