@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
         if command == chosen:  # only the command being run imports its config classes: most never import torch
             add_options(p, *config_classes(command))
             argv = argv[:1] + expand_bool_flags(p, argv[1:])  # a bool option alone means true
-    if argv[:1] == ["bench"] and argv[1:2] in (["engines"], ["spec"], ["transport"], ["anytime"]):  # a suite: own -h
+    if argv[:1] == ["bench"] and argv[1:2] in (["engines"], ["spec"], ["transport"], ["anytime"], ["fleet"]):  # own -h
         args = argparse.Namespace(command="bench", suite=argv[1], rest=argv[2:])
     else:
         args = parser.parse_args(argv)
@@ -111,6 +111,21 @@ def _run(args, parser) -> int:
 
         serve(build(RuntimeConfig, args), build(Endpoints, args))
         return 0
+    if args.command == "fleet-replay":
+        from edgeinfer.sim.fleet_replay import FleetReplayConfig, fleet_replay
+
+        report = fleet_replay(build(FleetReplayConfig, args))
+        return 130 if report["interrupted"] else 0
+    if args.command == "fleet-robots":
+        from edgeinfer.sim.fleet_group import FleetRobotsConfig, run_group
+
+        return run_group(build(FleetRobotsConfig, args))
+    if args.command == "fleet":
+        from edgeinfer.node.fleet import serve_fleet
+        from edgeinfer.node.fleet_config import FleetConfig
+
+        serve_fleet(build(FleetConfig, args))
+        return 0
     if args.command == "control":
         from edgeinfer.control.loop import ControlConfig, ControlLoop
         from edgeinfer.core.transport import Endpoints
@@ -144,6 +159,10 @@ def _run(args, parser) -> int:
             from edgeinfer.bench.anytime import main as bench_anytime
 
             return bench_anytime(args.rest)
+        if args.suite == "fleet":
+            from edgeinfer.bench.fleet import main as bench_fleet
+
+            return bench_fleet(args.rest)
         from edgeinfer.bench.suite import main as bench
 
         return bench(args.rest)

@@ -37,6 +37,14 @@ COMMANDS: dict[str, Command] = {
                       "any node failed", ("edgeinfer.launch:LaunchConfig",)),
     "serve": Command("run the runtime node (observations in, action chunks out)",
                      ("edgeinfer.node.runtime:RuntimeConfig", _ENDPOINTS), node="service", ready="chunks"),
+    "fleet": Command("run the fleet runtime node: one runtime serving many robots (Join -> Admission, observations "
+                     "-> action chunks, on one ROUTER; docs/fleet.md)", ("edgeinfer.node.fleet_config:FleetConfig",),
+                     node="service"),
+    "fleet-replay": Command("replay N real logs as N robots (each its own clock and control loop) against one fleet "
+                            "runtime, or one per robot; a report per robot and for the fleet (docs/fleet.md)",
+                            ("edgeinfer.sim.fleet_replay:FleetReplayConfig",)),
+    "fleet-robots": Command("run a group of fleet robots in one process (a node of `edgeinfer fleet-replay`)",
+                            ("edgeinfer.sim.fleet_group:FleetRobotsConfig",), node="task"),
     "control": Command("run the fixed-rate control loop node", ("edgeinfer.control.loop:ControlConfig", _ENDPOINTS),
                        node="service"),
     "train": Command("train the target policy on any logs `replay` reads (default: the Schunk recordings)",
@@ -57,12 +65,14 @@ COMMANDS: dict[str, Command] = {
     "bench": Command("every ruler on real logs, target-only vs speculative (options below); suites: `bench "
                      "engines` (backends and precisions), `bench spec` (speculative decoding: drafters, k, "
                      "adaptive, sampling, the HF peer), `bench anytime` (step vs DCT action tokens: the anytime "
-                     "curve, cut budgets, a slowed engine)", ("edgeinfer.bench.suite:BenchConfig",),
+                     "curve, cut budgets, a slowed engine), `bench fleet` (robots served per way of serving them)",
+                     ("edgeinfer.bench.suite:BenchConfig",),
                      description="Every ruler (time to first action, time per token, chunk throughput, end-to-end "
                                  "tails and misses in steady / idle-gap / overload replays, quality, zmq and wake-up "
                                  "floors), target-only vs speculative; --scenarios names a file in benchmarks/ "
                                  "(default, quick) or a TOML path. Suites with their own -h: `edgeinfer bench "
-                                 "engines`, `edgeinfer bench spec`, `edgeinfer bench anytime`."),
+                                 "engines`, `edgeinfer bench spec`, `edgeinfer bench anytime`, `edgeinfer bench "
+                                 "fleet`."),
 }
 
 # the tables `edgeinfer launch` starts: one per node command

@@ -159,7 +159,7 @@ def start_authenticator(ctx: zmq.Context, keys: CurveKeys | None):
 
 
 def _socket(ctx: zmq.Context, kind: int, endpoint: str, bind: bool, hwm: int,
-            curve: CurveKeys | None = None) -> zmq.Socket:
+            curve: CurveKeys | None = None, identity: str | None = None) -> zmq.Socket:
     if hwm < 1:  # 0 would mean "unbounded" to ZMQ, which we never want
         raise ValueError(f"hwm must be >= 1, got {hwm}")
     sock = ctx.socket(kind)
@@ -177,6 +177,8 @@ def _socket(ctx: zmq.Context, kind: int, endpoint: str, bind: bool, hwm: int,
             sock.curve_publickey, sock.curve_secretkey = curve.client_public, curve.client_secret
         if kind == zmq.SUB:
             sock.setsockopt(zmq.SUBSCRIBE, b"")  # before connect, so no message predates it
+        if identity is not None:  # a DEALER's routing id: set before connect, as the ROUTER reads it then
+            sock.setsockopt(zmq.IDENTITY, identity.encode())
         if bind:
             sock.bind(endpoint)
         else:
@@ -209,6 +211,12 @@ def pull(ctx: zmq.Context, endpoint: str, bind: bool = True, hwm: int = DEFAULT_
          curve: CurveKeys | None = None) -> zmq.Socket:
     """PULL socket (binds by default)."""
     return _socket(ctx, zmq.PULL, endpoint, bind, hwm, curve)
+
+
+def dealer(ctx: zmq.Context, endpoint: str, identity: str, hwm: int = DEFAULT_HWM,
+           curve: CurveKeys | None = None) -> zmq.Socket:
+    """DEALER socket connecting to a ROUTER, with routing id `identity` (a fleet robot: its name)."""
+    return _socket(ctx, zmq.DEALER, endpoint, False, hwm, curve, identity)
 
 
 def send(sock: zmq.Socket, msg: Message) -> bool:
