@@ -115,7 +115,7 @@ def _run(args, parser) -> int:
         from edgeinfer.sim.fleet_replay import FleetReplayConfig, fleet_replay
 
         report = fleet_replay(build(FleetReplayConfig, args))
-        return 130 if report["interrupted"] else 0
+        return 130 if report["interrupted"] else 1 if report["failed_processes"] else 0
     if args.command == "fleet-robots":
         from edgeinfer.sim.fleet_group import FleetRobotsConfig, run_group
 

@@ -70,7 +70,8 @@ class FleetReplayConfig:
     runtimes: int = 1
     robots_per_process: int = 0  # robots per robot-group process (0: all in one)
     join_at_s: list[float] | None = None  # per robot, when it sends its Join, s after the start (None: all at 0)
-    # per robot, SIGKILL its group process this long after the start, s (< 0: never; None: none killed)
+    # per robot, SIGKILL its group process this long after the start, s (< 0: never; None: none killed); the whole
+    # group dies, so robots sharing one (robots_per_process) need one kill time
     kill_robot_at_s: list[float] | None = None
     join_lead_ms: float = 100.0  # a robot's first request comes at least this long after its Join, ms
     settle_ms: float = 100.0  # after a robot's last deadline and its Stop: chunks still on their way, ms
@@ -137,12 +138,17 @@ def fleet_replay(cfg: FleetReplayConfig, console: Console | None = None) -> dict
     cfg.out.mkdir(parents=True, exist_ok=True)
     records = cfg.out / "robots"
     shutil.rmtree(records, ignore_errors=True)  # a record or report of an earlier run must not pass for this one's
-    sockdir = Path(tempfile.mkdtemp(prefix="ei-fleet-"))  # ipc endpoints: loopback, no port to race for
     per = cfg.robots_per_process or cfg.robots
     groups = [names[g:g + per] for g in range(0, cfg.robots, per)]
+    for members in groups:  # a kill drill SIGKILLs a robot's group process: every robot in it at once
+        if len({kills[names.index(n)] for n in members}) > 1:
+            raise ValueError(f"FleetReplayConfig.kill_robot_at_s: robots {members} share one group process "
+                             "(robots_per_process) but not one kill time; a kill drill kills its whole group: set "
+                             "robots_per_process 1")
+    sockdir = Path(tempfile.mkdtemp(prefix="ei-fleet-"))  # ipc endpoints: loopback, no port to race for
     runtimes = ([(f"runtime-{n}", f"ipc://{sockdir}/{n}") for n in names] if cfg.runtime_per_robot
                 else [("runtime", f"ipc://{sockdir}/runtime")] if cfg.runtimes == 1
-                else [(f"runtime{j}", f"ipc://{sockdir}/runtime{j}") for j in range(cfg.runtimes)])
+                else [(f"runtime{j}", f"ipc://{sockdir}/runtime{j}") for j in range(min(cfg.runtimes, cfg.robots))])
     endpoint_of = {n: runtimes[i % len(runtimes)][1] for i, n in enumerate(names)}
     for path in [cfg.out / "fleet_report.json", *(cfg.out / f"{n}.json" for n, _ in runtimes)]:
         path.unlink(missing_ok=True)
@@ -202,10 +208,10 @@ def fleet_replay(cfg: FleetReplayConfig, console: Console | None = None) -> dict
             ctx.destroy(linger=0)
             shutil.rmtree(sockdir, ignore_errors=True)
             signals.restore()
-    report = _report(cfg, names, logs, killed, exit_codes, runtimes, interrupted)
-    for name, code in exit_codes.items():
-        if code not in (0, None) and name not in drilled:
-            console.print(f"[red]{name} process exited with code {code}; see {cfg.out / (name + '.log')}[/red]")
+    failed = {name: code for name, code in exit_codes.items() if code not in (0, None) and name not in drilled}
+    report = _report(cfg, names, logs, killed, exit_codes, runtimes, interrupted, failed)
+    for name, code in failed.items():
+        console.print(f"[red]{name} process exited with code {code}; see {cfg.out / (name + '.log')}[/red]")
     console.print(f"wrote {cfg.out}/: fleet_report.json, robots/*.json{', fleet.png' if cfg.plots else ''}")
     print_fleet(report, console)
     return report
@@ -269,7 +275,9 @@ def _supervise(robot_nodes: dict, names: list[str], kills: list[float], t0: int,
 
 
 def _report(cfg: FleetReplayConfig, names: list[str], logs: list, killed: set[str], exit_codes: dict,
-            runtimes: list, interrupted: bool) -> dict:
+            runtimes: list, interrupted: bool, failed: dict) -> dict:
+    """The fleet report (docs/fleet.md); failed: the processes that exited non-zero beside the kill drills (the CLI
+    then exits 1)."""
     robots = {}
     for name, (spec, shift) in zip(names, logs):
         path = cfg.out / "robots" / f"{name}.npz"
@@ -286,7 +294,7 @@ def _report(cfg: FleetReplayConfig, names: list[str], logs: list, killed: set[st
             runtime[n] = {"error": f"no report: {e}"}
     config = asdict(cfg) | {"phase": cfg.phase, "robots": cfg.robots}
     report = {"config": json.loads(json.dumps(config, default=str)), "robots": robots, "fleet": fleet_summary(robots),
-              "runtime": runtime, "processes": exit_codes, "interrupted": interrupted}
+              "runtime": runtime, "processes": exit_codes, "failed_processes": failed, "interrupted": interrupted}
     (cfg.out / "fleet_report.json").write_text(json.dumps(report, indent=1))
     if cfg.plots:
         write_plot(report, cfg.out / "fleet.png")

@@ -11,39 +11,41 @@ import numpy as np
 import pytest
 
 from edgeinfer.bench.anytime import AnytimeConfig, curve_windows, verdict, whole_horizon
-from edgeinfer.engines.dct_tokenizer import DctTokenizer
+from edgeinfer.engines.dct_tokenizer import DctTokenizer, constant_velocity_rad
 from edgeinfer.engines.evaluate import greedy_tokens
 from edgeinfer.engines.tokenizer import ActionTokenizer
 
 H, D = 8, 6
 
 
-def _offsets(n: int, seed: int = 0) -> np.ndarray:
-    """(n, H, D) smooth chunk offsets, rad: ramps with a little curvature."""
+def _offsets(n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """(n, H, D) smooth chunk offsets, rad: ramps with a little curvature; and the last chunk-step increment q -
+    q_prev (n, D) of the same motion."""
     rng = np.random.default_rng(seed)
     h = np.arange(1, H + 1)[None, :, None]
-    return rng.normal(0, 2e-3, (n, 1, D)) * h + rng.normal(0, 1e-4, (n, 1, D)) * h ** 2
+    v, a = rng.normal(0, 2e-3, (n, 1, D)), rng.normal(0, 1e-4, (n, 1, D))
+    return v * h + a * h ** 2, (v - a)[:, 0]
 
 
 def test_a_step_prefix_is_held_at_its_last_step_and_a_dct_prefix_spans_the_horizon():
-    off = _offsets(64)
+    off, inc_obs = _offsets(64)
     inc = np.diff(np.concatenate([np.zeros((64, 1, D)), off], axis=1), axis=1).reshape(-1, D)
     step = ActionTokenizer.fit(inc)
     tok = step.encode(off)
-    two = whole_horizon(step, tok[:, :2 * D], H)
+    two = whole_horizon(step, tok[:, :2 * D], H, inc_obs)
     assert two.shape == (64, H, D)
     np.testing.assert_array_equal(two[:, :2], step.decode(tok[:, :2 * D]))
     for h in range(2, H):  # held at step 2's target
         np.testing.assert_array_equal(two[:, h], two[:, 1])
-    np.testing.assert_array_equal(whole_horizon(step, tok, H), step.decode(tok))  # a whole chunk is left alone
+    np.testing.assert_array_equal(whole_horizon(step, tok, H, inc_obs), step.decode(tok))  # a whole chunk: as is
     dct = DctTokenizer.fit(off)
     dtok = dct.encode(off)
-    one = whole_horizon(dct, dtok[:, :D], H)  # coefficient 0 alone: the chunk's mean, over the whole horizon
-    np.testing.assert_array_equal(one, dct.decode(dtok[:, :D]))
-    # coefficient 0 is the mean times sqrt(H), quantised within half a bin
-    assert np.all(np.abs(one - off.mean(axis=1, keepdims=True)) <= dct.width_rad[0] / 2 / np.sqrt(H) + 1e-12)
-    two_rows = whole_horizon(dct, dtok[:, :2 * D], H)
-    assert np.all(np.abs(two_rows[:, -1] - two_rows[:, 0]) > 0)  # refined by the next row: no longer flat
+    one = whole_horizon(dct, dtok[:, :D], H, inc_obs)  # coefficient 0 alone: the whole horizon
+    np.testing.assert_array_equal(one, dct.decode(dtok[:, :D], constant_velocity_rad(inc_obs, H)))  # the runtime's
+    # coefficient 0 is the mean times sqrt(H), quantised within half a bin, and kept
+    assert np.all(np.abs(one.mean(1) - off.mean(1)) <= dct.width_rad[0] / 2 / np.sqrt(H) + 1e-12)
+    # completed around constant velocity: the first step is close, not the chunk's mean
+    assert np.sqrt(np.mean((one - off)[:, 0] ** 2)) < 0.1 * np.sqrt(np.mean((off.mean(1) - off[:, 0]) ** 2))
 
 
 def _row(policy, cond, partial, held, rmse):

@@ -12,7 +12,7 @@ from rich.console import Console
 from edgeinfer.control.buffer import ChunkBuffer
 from edgeinfer.core.scheduler import SchedulerConfig
 from edgeinfer.core.wire import RUNGS, ActionChunk, JointCommand, Observation, decode, encode
-from edgeinfer.engines.dct_tokenizer import DctTokenizer
+from edgeinfer.engines.dct_tokenizer import DctTokenizer, constant_velocity_rad
 from edgeinfer.engines.paths import DCT_POLICY, DEFAULT_POLICY
 from edgeinfer.logs.arm_log import synthetic_log, write_schunk
 from edgeinfer.node.faults import FaultConfig
@@ -66,9 +66,13 @@ def test_a_dct_chunk_cut_mid_chunk_is_coarse_and_spans_the_whole_horizon(tmp_pat
     assert cut.rung == "coarse" and cut.tokens == STOP_AT
     assert cut.steps_rad.shape == (h + 1, d)  # the whole horizon, from the one whole coefficient row
     np.testing.assert_array_equal(cut.steps_rad[0], obs.q_rad)
-    # the first row of the same (exact, target-verified) tokens; the unfinished second row is left out
-    np.testing.assert_allclose(cut.steps_rad[1:], obs.q_rad + tok.decode(tokens[:d]), atol=1e-12)
-    assert not np.allclose(cut.steps_rad[1:], obs.q_rad + tok.decode(tokens[:2 * d]))
+    # the first row of the same (exact, target-verified) tokens, completed around the constant-velocity chunk of
+    # the observation's last increment; the unfinished second row is left out
+    prior = constant_velocity_rad(obs.q_rad - obs.q_prev_rad, h)
+    assert np.abs(obs.q_rad - obs.q_prev_rad).max() > 1e-3  # a moving arm: the prior matters
+    np.testing.assert_allclose(cut.steps_rad[1:], obs.q_rad + tok.decode(tokens[:d], prior), atol=1e-12)
+    assert not np.allclose(cut.steps_rad[1:], obs.q_rad + tok.decode(tokens[:d]))  # not completed from rest
+    assert not np.allclose(cut.steps_rad[1:], obs.q_rad + tok.decode(tokens[:2 * d], prior))
 
 
 def test_a_step_chunk_cut_mid_chunk_is_partial_and_shorter():
@@ -89,7 +93,8 @@ def test_the_early_first_row_of_a_dct_chunk_is_coarse_and_the_rest_refines_it_in
     tok = rt.policy.tokenizer
     tokens = tok.encode(chunk.steps_rad[1:] - obs.q_rad)
     assert (first.rung, first.seq, first.tokens, first.steps_rad.shape) == ("coarse", chunk.seq, d, (h + 1, d))
-    np.testing.assert_allclose(first.steps_rad[1:], obs.q_rad + tok.decode(tokens[:d]), atol=1e-12)
+    prior = constant_velocity_rad(obs.q_rad - obs.q_prev_rad, h)
+    np.testing.assert_allclose(first.steps_rad[1:], obs.q_rad + tok.decode(tokens[:d], prior), atol=1e-12)
     # the control loop follows the coarse whole-horizon chunk at once, and takes the rest of the chunk, which has
     # as many steps, in its place (before, "as many steps" turned the refinement away as superseded)
     buf = ChunkBuffer(blend_ns=10 * MS)
@@ -173,3 +178,29 @@ def test_a_replay_under_a_cut_budget_sends_coarse_chunks_and_holds_no_tick(tmp_p
     assert counters["rung.coarse"] == rungs["coarse"] + report["start_up"]["chunks"]["rungs"].get("coarse", 0)
     assert report["safety"] == {**report["safety"], "nonfinite": 0, "outside_position_limits": 0,
                                 "over_velocity_limit": 0}
+
+
+def test_a_dct_draft_is_the_constant_velocity_chunk_and_a_step_draft_keeps_its_verified_prefix():
+    """Fewer than one whole row verified: a DCT chunk drafts with no token (its completion of no row is the
+    constant-velocity chunk, which a verified part of coefficient 0 would shift at every step); a step chunk keeps its
+    verified tokens and the drafter's after them."""
+    from edgeinfer.core.speculative import DecodeResult
+    from edgeinfer.engines.drafters import make_drafter
+    from edgeinfer.engines.served import load_served_policy
+    from edgeinfer.node.runtime import build_chunk, chunk_rung
+
+    q = np.linspace(-0.5, 0.5, 6)
+    q_prev = q - 0.004
+    obs = Observation(7, 0, q, np.full(6, 0.2), q_prev)
+    for path, kind in ((DCT_POLICY, "dct"), (DEFAULT_POLICY, "step")):
+        p = load_served_policy(path)
+        drafter = make_drafter("kinematic", p)
+        drafter.reset(q, obs.qd_rad_s, q_prev)
+        res = DecodeResult(tokens=[3, 5, 7])  # half a row verified
+        rung, tokens = chunk_rung(res, p.cfg.n_tokens, 6, p.tokenizer.prefix_rung, drafter)
+        chunk = build_chunk(p, obs, tokens, rung, 20_000_000, 1, res)
+        assert rung == "draft" and chunk.tokens == 3
+        if kind == "dct":
+            assert tokens == [] and np.allclose(chunk.steps_rad[1:], q + constant_velocity_rad(q - q_prev, 8))
+        else:
+            assert tokens[:3] == [3, 5, 7] and len(tokens) == p.cfg.n_tokens and len(chunk.steps_rad) == 9

@@ -99,16 +99,17 @@ def test_manifests_record_the_step_policys_data_and_training(dct_policy):
         assert [int(name.removeprefix("measurement_")) for name in split[key]] == step["split"][key], key
     assert (split["train_windows"], split["held_out_windows"]) == \
         (step["split"]["train_windows"], step["split"]["held_out_windows"])
-    assert {k: dct["train"][k] for k in ("seed", "steps", "batch_size", "lr")} == \
-        {k: step["train"][k] for k in ("seed", "steps", "batch_size", "lr")}
+    assert {k: dct["train"][k] for k in ("seed", "steps", "batch_size")} == \
+        {k: step["train"][k] for k in ("seed", "steps", "batch_size")}
+    assert (dct["train"]["lr"], step["train"]["lr"]) == (0.004, 0.002)  # docs/policy.md "Shipped" says why
     assert draft["distilled_from"] == dct["sha256"]
     assert {k: draft["distill"][k] for k in ("seed", "steps", "batch_size", "lr")} == \
         {k: json.loads((DEFAULT_POLICY.parent / "schunk_draft.json").read_text())["distill"][k]
          for k in ("seed", "steps", "batch_size", "lr")}
-    # the issue asks for the full-chunk action RMSE within 10% of the step policy's; the shipped one is 10.9%
-    # above (docs/policy.md "DCT action tokens" says why): hold it there, and well below constant velocity
+    # the issue asks for the full-chunk action RMSE within 10% of the step policy's (the shipped one: 7.3%), and
+    # well below constant velocity
     rmse, step_rmse = dct["metrics_held_out"]["action_rmse_rad"], step["metrics_held_out"]["action_rmse_rad"]
-    assert rmse <= 1.12 * step_rmse
+    assert rmse <= 1.10 * step_rmse
     assert rmse < 0.6 * dct["metrics_held_out"]["baseline_const_velocity_rmse_rad"]
     assert dct["metrics_held_out"]["tokenizer_rmse_rad_per_prefix"][0] < 0.5 * step["metrics_held_out"][
         "baseline_hold_rmse_rad"]  # one coefficient row already halves holding position

@@ -1,5 +1,6 @@
 """DCT action tokens (engines/dct_tokenizer.py): round trip within half a bin per coefficient, prefix decoding within
-the documented bound for every prefix length, coefficient-major order, state round trip, and dispatch by "kind"."""
+the documented bound for every prefix length (completed around the constant-velocity chunk, least acceleration),
+coefficient-major order, state round trip, and dispatch by "kind"."""
 import json
 
 import numpy as np
@@ -8,18 +9,20 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy.fft import dct
 
-from edgeinfer.engines.dct_tokenizer import DctTokenizer
+from edgeinfer.engines.dct_tokenizer import DctTokenizer, completion_gain, constant_velocity_rad, decode_chunk
 from edgeinfer.engines.paths import DEFAULT_POLICY
 from edgeinfer.engines.tokenizer import ActionTokenizer, tokenizer_from_state
 
 H, D = 8, 3
 
 
-def smooth_offsets(rng: np.random.Generator, n: int) -> np.ndarray:
-    """(n, H, D) chunk offsets of smooth motion: a velocity and an acceleration per joint, plus a little noise."""
+def smooth_offsets(rng: np.random.Generator, n: int, increments: bool = False):
+    """(n, H, D) chunk offsets of smooth motion: a velocity and an acceleration per joint, plus a little noise; with
+    increments, also the last chunk-step increment q - q_prev (n, D) of that motion (offset -1 is a - v)."""
     h = np.arange(1, H + 1)[None, :, None]
     v, a = rng.normal(0, 0.01, (n, 1, D)), rng.normal(0, 0.001, (n, 1, D))
-    return v * h + a * h ** 2 + rng.normal(0, 1e-4, (n, H, D))
+    offsets = v * h + a * h ** 2 + rng.normal(0, 1e-4, (n, H, D))
+    return (offsets, (v - a)[:, 0]) if increments else offsets
 
 
 @pytest.fixture(scope="module")
@@ -50,10 +53,13 @@ def test_every_prefix_decodes_the_whole_horizon_within_the_bound(fitted):
     inside = np.all((coefs > tok.lo_rad) & (coefs < tok.hi_rad), axis=(1, 2))
     errors = []
     for rows in range(1, H + 1):
-        decoded = tok.decode(tokens[:, :rows * D])
+        decoded = tok.decode(tokens[:, :rows * D])  # no prior: completed from rest
         assert decoded.shape == offsets.shape  # the whole horizon at every prefix length
         err_sq = ((decoded - offsets) ** 2).sum(1)  # (N, D) per joint, summed over the horizon
         assert np.all(err_sq[inside] <= tok.error_bound_sq(rows, offsets[inside]) + 1e-15), rows
+        # the verified coefficients are kept exactly, the rest completed
+        np.testing.assert_allclose(dct(decoded, type=2, norm="ortho", axis=1)[:, :rows],
+                                   tok.coefficients(tokens[:, :rows * D])[:, :rows], atol=1e-12)
         errors.append(np.sqrt(err_sq.mean()))
     assert errors[0] > 3 * errors[-1]  # each row refines the chunk: coarse first
     assert np.all(np.diff(errors[:3]) < 0)
@@ -72,9 +78,11 @@ def test_tokens_are_coefficient_major():
     expected[2 * D + 0] = mid - 16
     assert tokens.tolist() == expected.tolist()
     assert tok.bin_of(0.5, 0, 1) == mid + 16 and np.isclose(tok.centers_rad(mid + 16, 0, 1), 0.5 + 1 / 64)
-    # one row decodes coefficient 0 only: a constant offset over the whole horizon
+    # one row decodes coefficient 0 only: with no prior, the least-acceleration chunk from rest with that mean (a
+    # ramp up from the observation, not the flat line at the mean that zero coefficients would give)
     first = tok.decode(tokens[:D])
-    assert first.shape == (H, D) and np.allclose(first[:, 1], first[0, 1]) and first[0, 1] > 0
+    assert first.shape == (H, D) and np.isclose(first[:, 1].mean() * np.sqrt(H), tok.centers_rad(mid + 16, 0, 1))
+    assert 0 < first[0, 1] < first[-1, 1] and np.all(np.diff(first[:, 1]) > 0)
 
 
 def test_state_dict_round_trip_and_dispatch(fitted):
@@ -120,8 +128,34 @@ def test_prefix_error_bound_holds_for_any_chunk_inside_the_ranges(seed, rows):
     offsets = np.asarray(dct(coefs, type=3, norm="ortho", axis=1))
     tokens = tok.encode(offsets)
     assert np.all((tokens >= 0) & (tokens < tok.n_bins))
-    err_sq = ((tok.decode(tokens[:, :rows * D]) - offsets) ** 2).sum(1)
-    assert np.all(err_sq <= tok.error_bound_sq(rows, offsets) + 1e-12)
+    prior = rng.normal(0, 0.5, (4, H, D))  # any prior chunk
+    for p in (None, prior):
+        err_sq = ((tok.decode(tokens[:, :rows * D], p) - offsets) ** 2).sum(1)
+        assert np.all(err_sq <= tok.error_bound_sq(rows, offsets, p) + 1e-12)
+
+
+def test_a_coarse_chunk_is_right_where_the_arm_acts(fitted):
+    """One row of coefficients completed around the constant-velocity chunk starts on the arm's motion: its first
+    step is as good as constant velocity's (the old rule, zeros past the prefix, was a flat line at the chunk's mean,
+    far off at the first step), and every further row keeps it there while refining the whole horizon."""
+    tok, _ = fitted
+    offsets, inc = smooth_offsets(np.random.default_rng(2), 2000, increments=True)
+    tokens, prior = tok.encode(offsets), constant_velocity_rad(inc, H)
+    rmse = lambda x, h=slice(None): float(np.sqrt(np.mean((x - offsets)[:, h] ** 2)))  # noqa: E731
+    zero_fill = np.asarray(dct(np.concatenate([tok.coefficients(tokens[:, :D])[:, :1], np.zeros((2000, H - 1, D))],
+                                              axis=1), type=3, norm="ortho", axis=1))
+    one = tok.decode(tokens[:, :D], prior)
+    assert rmse(one, 0) < 0.2 * rmse(zero_fill, 0) and rmse(one) < 0.5 * rmse(zero_fill)
+    assert rmse(one, 0) <= 1.05 * rmse(prior, 0)
+    errors = [rmse(tok.decode(tokens[:, :r * D], prior)) for r in range(1, H + 1)]
+    assert errors[0] < 0.2 * rmse(prior) and errors[-1] < 0.5 * errors[0]
+    # all H rows: the inverse DCT whatever the prior (a full chunk is exactly the target's)
+    full = tok.decode(tokens, prior)
+    np.testing.assert_allclose(full, tok.decode(tokens), atol=1e-15)
+    np.testing.assert_allclose(full, dct(tok.coefficients(tokens), type=3, norm="ortho", axis=1), atol=1e-15)
+    # the runtime's decode: the constant-velocity prior of the observation's last increment
+    np.testing.assert_allclose(decode_chunk(tok, tokens[:, :2 * D], inc), tok.decode(tokens[:, :2 * D], prior))
+    assert completion_gain(H, 0).shape == (H, 0) and np.array_equal(tok.decode(tokens[:, :0], prior), prior)
 
 
 def test_load_policy_refuses_a_tokenizer_that_does_not_fit_the_config(tmp_path):

@@ -3,6 +3,7 @@ serving DEALER robots over a real socket (joins, admission, chunks to their robo
 lost after its lease while another is served, a restart, refusal when the slots are full)."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import socket
 import subprocess
@@ -43,7 +44,10 @@ def test_table_takes_the_lowest_free_slot_and_refuses_when_full():
 @pytest.mark.parametrize("join, sender, why", [
     (_join("a"), b"b", "not the sender's routing id"),
     (_join("a", joints=7), b"a", "the policy has 6 joints"),
-    (_join("a", budget_ns=0), b"a", "Join.budget_ns must be > 0"),
+    (_join("a", budget_ns=0), b"a", "Join.budget_ns must be in (0, "),
+    (dataclasses.replace(_join("a"), period_ns=2**62), b"a", "Join.period_ns must be in (0, 10000000000]"),
+    (dataclasses.replace(_join("a"), replan_every_ticks=10**9), b"a", "Join.replan_every_ticks must be in (0, 1000]"),
+    (dataclasses.replace(_join("a"), max_budget_ns=2**63 - 1), b"a", "Join.max_budget_ns must be <= "),
 ])
 def test_table_refuses_a_join_it_cannot_serve(join, sender, why):
     table = RobotTable(n_slots=2, n_joints=6)
@@ -51,6 +55,24 @@ def test_table_refuses_a_join_it_cannot_serve(join, sender, why):
     assert robot.admission.admitted == 0 and why in robot.admission.reason
     assert table.free == [0, 1]
     assert ("a" in table.robots) == (sender == b"a")  # a Join under another's name never takes that entry
+
+
+def test_table_keeps_a_bounded_log_and_forgets_refused_strangers_past_its_size(monkeypatch):
+    """A peer sending Joins in a loop cannot grow the runtime: the log keeps its first and newest LOG_KEEP decisions
+    and counts the rest; refused newcomers are kept only while the table is small; a routing id that only decodes
+    like a robot's name is not that robot."""
+    from edgeinfer.node import fleet_robots
+
+    monkeypatch.setattr(fleet_robots, "LOG_KEEP", 10)
+    monkeypatch.setattr(fleet_robots, "ROBOTS_KEEP", 5)
+    table = RobotTable(n_slots=1, n_joints=6)
+    table.log_tail = fleet_robots.deque(maxlen=10)
+    odd, _ = table.join(_join("r\ufffd"), "r\ufffd".encode(), 0, admit_while_free)
+    for i in range(40):
+        table.join(_join(f"x{i}", joints=7), f"x{i}".encode(), i, admit_while_free)
+    assert len(table.log) == 10 and len(table.log_tail) == 10 and table.log_dropped == 21
+    assert table.log_tail[-1]["robot"] == "x39" and len(table.robots) == 5 and odd.active
+    assert table.heard("r\ufffd".encode(), 1) is odd and table.heard(b"r\xff", 2) is None
 
 
 def test_table_rejoin_is_a_restart_on_the_same_slot():
@@ -374,8 +396,17 @@ def test_a_join_read_after_a_stall_takes_the_slot_of_a_robot_silent_past_its_lea
                 robots.drain(0.05)
                 if any(isinstance(m, Admission) for m in robots.got["c"]):
                     break
+            told = len([m for m in robots.got["a"] if isinstance(m, Admission)])
+            robots.send("a", _obs(3, (np.zeros(6), np.zeros(6), np.zeros(6))))  # lost, and it does not know
+            for _ in range(20):
+                node.step()
+                robots.drain(0.05)
+                if len([m for m in robots.got["a"] if isinstance(m, Admission)]) > told:
+                    break
         finally:
             robots.close()
+    lapsed = [m for m in robots.got["a"] if isinstance(m, Admission)][told:]
+    assert [m.admitted for m in lapsed] == [0] and "lease lapsed" in lapsed[0].reason  # told to Join again
     assert [m.admitted for m in robots.got["c"] if isinstance(m, Admission)] == [1]
     table = node.table.robots
     assert table["a"].counts["lost"] == 1 and table["b"].active and table["c"].slot == slot_a

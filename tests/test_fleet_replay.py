@@ -292,6 +292,7 @@ def test_a_robot_joining_and_one_killed_mid_run_do_not_disturb_the_others(tmp_pa
     assert [robots[n]["log_shift_s"] for n in ("robot00", "robot01", "robot03")] == [0.0, 0.5, 1.5]
     assert robots["robot00"]["log"].startswith("synthetic") and (tmp_path / "drill" / "fleet.png").stat().st_size
     assert rep["fleet"]["killed"] == ["robot02"] and robots["robot02"]["killed"]
+    assert rep["failed_processes"] == {} and rep["processes"].get("robots2") not in (0, None)  # a drill: no failure
     assert runtime["robots"]["robot02"]["lost"] == 1 and runtime["counters"]["robot_lost"] == 1
     assert robots["robot03"]["admitted"], robots["robot03"]["admission"]
     assert robots["robot03"]["requests"] >= 60 and robots["robot03"]["requests"] - robots["robot03"]["lost"] >= 20
@@ -319,3 +320,16 @@ def test_admission_refuses_a_robot_that_would_break_an_admitted_robots_deadline(
     assert adm["chunk_ms"] > 0 and adm["batch"] >= 2
     log = rep["runtime"]["runtime"]["admission_log"]
     assert any(e["robot"] == first and not e["admitted"] for e in log)
+
+
+def test_a_kill_drill_is_refused_when_its_robot_shares_a_group_with_robots_that_live(tmp_path):
+    """A kill drill SIGKILLs the robot's group process, so every robot in it: refused before anything starts."""
+    from rich.console import Console
+
+    from edgeinfer.sim.fleet_replay import FleetReplayConfig, fleet_replay
+
+    cfg = FleetReplayConfig(robots=2, kill_robot_at_s=[1.0, -1.0], duration_s=0.5, out=tmp_path / "fr",
+                            data_dir=tmp_path / "none")  # the embedded synthetic log: no ../shared needed
+    with pytest.raises(ValueError, match="kill_robot_at_s: robots .* share one group process"):
+        fleet_replay(cfg, Console(quiet=True))
+    assert not list(tmp_path.glob("fr/*.log"))  # no process was started

@@ -139,7 +139,7 @@ def test_admission_refuses_a_robot_that_would_break_the_others_deadlines():
     for b in range(1, 33):
         for t in (1, 2, 3, 5, 9):
             costs.record(b, t, 50_000 + 10_000 * b * t)
-    sched = FleetScheduler(FleetPolicy(adaptive_k=False), None, 48, 6, costs)
+    sched = FleetScheduler(FleetPolicy(adaptive_k=False, admission_headroom=1.0), None, 48, 6, costs)
     admitted = {}
     for i in range(40):
         a = _admit(sched, f"r{i}", 20.0, admitted=admitted)
@@ -152,7 +152,7 @@ def test_admission_refuses_a_robot_that_would_break_the_others_deadlines():
     costs30 = PassCosts()
     for b in range(1, 33):
         costs30.record(b, 1, 50_000 + 30_000 * b)
-    sched = FleetScheduler(FleetPolicy(adaptive_k=False), None, 48, 6, costs30)
+    sched = FleetScheduler(FleetPolicy(adaptive_k=False, admission_headroom=1.0), None, 48, 6, costs30)
     admitted = {}
     for i in range(40):
         a = _admit(sched, f"r{i}", 20.0, admitted=admitted)
@@ -161,6 +161,11 @@ def test_admission_refuses_a_robot_that_would_break_the_others_deadlines():
         admitted[a.robot] = a.budget_ns
     assert len(admitted) == 11 and a.batch == 12
     assert "refused" in a.reason and "20 ms" in a.reason and a.chunk_ns == pytest.approx(48 * (50_000 + 360_000))
+    default = FleetScheduler(FleetPolicy(adaptive_k=False), None, 48, 6, costs30)  # headroom 0.8: 20 ms budgets use 16
+    n = 0
+    while _admit(default, f"r{n}", 20.0, admitted={f"r{i}": 20 * MS for i in range(n)}).admitted:
+        n += 1
+    assert n == 9  # 48 (50 + 30 B) us + 0.5 ms <= 0.8 x 20 ms: B <= 9.1
     longer = _admit(sched, "patient", 20.0, max_budget_ms=40.0)  # alone: fits 20 ms anyway
     assert longer.admitted and longer.budget_ns == 20 * MS
     one = {"r0": 40 * MS}

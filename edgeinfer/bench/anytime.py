@@ -11,10 +11,12 @@ held-out Schunk runs (measurement numbers n % 5 == 1, the split of both policies
     verdict   issue 20's "done when", computed: wherever the step policy sends partial chunks, the DCT policy
               holds fewer ticks and commands a lower action RMSE; its full-chunk RMSE is within 10 % of the step's
 
-A prefix of n tokens decodes to the whole horizon H for DCT tokens (the missing coefficients 0) and to n / D
-steps for step tokens; past its last step, the step chunk is held at that step (what the control loop commands
-once a chunk ends and no other chunk covers the tick: its last target; control/command.py). The RMSE is then
-over every (window, step, joint) of the horizon, for both tokenizers alike. docs/anytime.md.
+A prefix of n tokens decodes to the whole horizon H for DCT tokens (the missing coefficients completed around the
+constant-velocity chunk of the window's last increment q - q_prev, as the runtime does: engines/dct_tokenizer.py)
+and to n / D steps for step tokens; past its last step, the step chunk is held at that step (what the control
+loop commands once a chunk ends and no other chunk covers the tick: its last target; control/command.py). The RMSE
+is then over every (window, step, joint) of the horizon, for both tokenizers alike, and at the first step alone.
+docs/anytime.md.
 """
 from __future__ import annotations
 
@@ -33,6 +35,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from edgeinfer.bench.anytime_replays import conditions, pooled, replay_once
 from edgeinfer.bench.report import check_output
+from edgeinfer.engines.dct_tokenizer import decode_chunk
 from edgeinfer.engines.drafters import DEFAULT_DRAFT, make_drafter
 from edgeinfer.engines.paths import DCT_DRAFT, DCT_POLICY, DEFAULT_POLICY
 
@@ -91,20 +94,24 @@ class AnytimeConfig:
                              f"{self.spec_per_run}, {self.spec_repeats}, {self.spec_ks}")
 
 
-def whole_horizon(tokenizer, tokens: np.ndarray, horizon: int) -> np.ndarray:
-    """Offsets (N, H, D) rad of token prefixes (N, n), n a multiple of D: the tokenizer's decode, and a shorter
-    (step) decode held at its last step up to `horizon` (the control loop's hold; module docstring)."""
-    traj = tokenizer.decode(tokens)
+def whole_horizon(tokenizer, tokens: np.ndarray, horizon: int, increment_rad: np.ndarray) -> np.ndarray:
+    """Offsets (N, H, D) rad of token prefixes (N, n), n a multiple of D, for windows whose last chunk-step
+    increment q - q_prev is increment_rad (N, D): the runtime's decode (engines/dct_tokenizer.decode_chunk), and a
+    shorter (step) decode held at its last step up to `horizon` (the control loop's hold; module docstring)."""
+    traj = decode_chunk(tokenizer, tokens, increment_rad)
     short = horizon - traj.shape[-2]
     return np.concatenate([traj, np.repeat(traj[..., -1:, :], short, axis=-2)], axis=-2) if short > 0 else traj
 
 
-def anytime_curve(tokenizer, tokens: np.ndarray, offsets: np.ndarray) -> list[dict]:
-    """[{tokens: n, action_rmse_rad}] for n = D, 2D, ..., H*D: prefixes of tokens (N, H*D) against the recorded
-    offsets (N, H, D) rad over the whole horizon (whole_horizon)."""
+def anytime_curve(tokenizer, tokens: np.ndarray, offsets: np.ndarray, increment_rad: np.ndarray) -> list[dict]:
+    """[{tokens: n, action_rmse_rad, first_step_rmse_rad}] for n = D, 2D, ..., H*D: prefixes of tokens (N, H*D)
+    against the recorded offsets (N, H, D) rad over the whole horizon (whole_horizon), and at its first step alone
+    (where the arm acts next)."""
     _, horizon, d = offsets.shape
-    return [{"tokens": n, "action_rmse_rad": _rmse(whole_horizon(tokenizer, tokens[:, :n], horizon) - offsets)}
-            for n in range(d, horizon * d + 1, d)]
+    errors = [whole_horizon(tokenizer, tokens[:, :n], horizon, increment_rad) - offsets
+              for n in range(d, horizon * d + 1, d)]
+    return [{"tokens": (i + 1) * d, "action_rmse_rad": _rmse(e), "first_step_rmse_rad": _rmse(e[:, 0])}
+            for i, e in enumerate(errors)]
 
 
 def _rmse(err: np.ndarray) -> float:
@@ -127,9 +134,10 @@ def curve_section(policy, feats: np.ndarray, offsets: np.ndarray) -> dict:
     """The anytime curves of one policy: greedy (decoding and quantisation) and tokenizer (quantisation alone)."""
     from edgeinfer.engines.evaluate import greedy_tokens  # torch: imported by the run, not by --help
 
-    tok = policy.tokenizer
-    return {"greedy": anytime_curve(tok, greedy_tokens(policy, feats), offsets),
-            "tokenizer": anytime_curve(tok, tok.encode(offsets), offsets)}
+    tok, d = policy.tokenizer, policy.cfg.n_joints
+    increment = feats[:, 2 * d:3 * d]  # raw features: q, qd, q - q_prev (engines/policy.observation_features)
+    return {"greedy": anytime_curve(tok, greedy_tokens(policy, feats), offsets, increment),
+            "tokenizer": anytime_curve(tok, tok.encode(offsets), offsets, increment)}
 
 
 def spec_section(policy, draft: Path, cfg: AnytimeConfig, console: Console) -> dict:

@@ -19,15 +19,15 @@ def print_result(result: dict, console: Console | None = None) -> None:
     """The curve, spec, replay and verdict tables of `result`."""
     console = console or Console(width=150)
     pols = list(result["curve"])
-    t = Table(title="anytime curve: action RMSE (mrad) vs verified tokens, over the whole horizon "
-                    f"({result['curve'][pols[0]]['windows']} held-out windows)")
+    t = Table(title="anytime curve: action RMSE (mrad) vs verified tokens, over the whole horizon and at its first "
+                    f"step ({result['curve'][pols[0]]['windows']} held-out windows)")
     t.add_column("tokens", justify="right")
-    for p in pols:
-        t.add_column(f"{p} greedy", justify="right")
-        t.add_column(f"{p} tokenizer", justify="right")
+    kinds = (("greedy", "action_rmse_rad"), ("tokenizer", "action_rmse_rad"), ("greedy", "first_step_rmse_rad"))
+    cols = [(p, kind, key) for p in pols for kind, key in kinds]
+    for p, kind, key in cols:
+        t.add_column(f"{p} {kind}" + (" step 1" if key == "first_step_rmse_rad" else ""), justify="right")
     for i, point in enumerate(result["curve"][pols[0]]["greedy"]):
-        t.add_row(str(point["tokens"]), *(_mrad(result["curve"][p][kind][i]["action_rmse_rad"])
-                                          for p in pols for kind in ("greedy", "tokenizer")))
+        t.add_row(str(point["tokens"]), *(_mrad(result["curve"][p][kind][i].get(key)) for p, kind, key in cols))
     console.print(t)
 
     t = Table(title="speculative decoding (held-out chunks, torch target)")

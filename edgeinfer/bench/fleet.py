@@ -1,4 +1,4 @@
-"""`edgeinfer bench fleet`: how many robots one machine serves, for four ways of serving them (issue 19's Measure).
+"""`edgeinfer bench fleet`: how many robots one machine serves, five ways of serving them (issue 19's Measure).
 
     a  one runtime process per robot         N `edgeinfer fleet` processes, one robot each, no batching
     b  one runtime, robots one after another  one process, no batching, arrival order, no admission
@@ -186,7 +186,9 @@ def main(argv: list[str] | None = None) -> int:
     from edgeinfer.bench.fleet_report import print_result
     from edgeinfer.bench.suite_cli import parse_suite
 
-    cfg, command = parse_suite("fleet", __doc__.split("\n\n")[0], FleetBenchConfig, argv)
+    configs = "; ".join(f"{k}: {c.label}" for k, c in CONFIGURATIONS.items())
+    cfg, command = parse_suite("fleet", f"{__doc__.split(chr(10) * 2)[0]} Configurations (--configs): {configs} "
+                               "(docs/fleet.md#the-fleet-bench).", FleetBenchConfig, argv)
     result = run_fleet(cfg, Console(stderr=True), command=command)
     print_result(result, Console(width=max(Console().width, 150)))
     return 130 if result["interrupted"] else 0

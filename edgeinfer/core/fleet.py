@@ -21,10 +21,11 @@ and absolute deadline (its observation's time + its budget). Before every batche
 A sequence's tokens come from its own ChunkDecode and a batch-invariant engine (core/protocols.BatchedEngine), so
 they are the tokens it would get alone: batching, order and k change when a token is ready, never which.
 
-Admission (`admission`): a robot is admitted only if a chunk still fits every admitted robot's budget when all of
-them are in flight at once (synchronised phases: the worst case): the predicted chunk time at batch B is the best
-k's passes per chunk at the median pass cost at batch B, one of them at the high quantile (chunk_ns). Otherwise it
-is refused with the numbers, or admitted on the longer budget it offered (Join.max_budget_ns) when that one fits.
+Admission (`admission`): a robot is admitted only if a chunk still fits every admitted robot's budget (its
+admission_headroom share of it) when all of them are in flight at once (synchronised phases: the worst case): the
+predicted chunk time at batch B is the best k's passes per chunk at the median pass cost at batch B, one of them at
+the high quantile (chunk_ns). Otherwise it is refused with the numbers, or admitted on the longer budget it offered
+(Join.max_budget_ns) when that one fits.
 Clockwork (Gujarati et al., OSDI 2020) schedules and admits from predicted run times in the same way.
 """
 from __future__ import annotations
@@ -61,6 +62,9 @@ class FleetPolicy:
     deadline_cut: bool = True  # a chunk whose deadline cannot hold the next pass ends on its fallback rung
     # refuse a robot that would break an admitted robot's deadline (False: admit while a slot is free)
     admission: bool = True
+    # the share of a budget a predicted chunk may take: the prediction is from passes measured in isolation, and the
+    # node's reads and sends, the robots' own processes on a shared host and its jitter take the rest
+    admission_headroom: float = 0.8
     max_batch: int = 64  # the most sequences in one pass
     quantile: float = 0.99  # quantile of the measured pass costs that deadlines and admission are planned on
     margin_ms: float = 0.5  # kept free at the end of each budget for encoding and sending the chunk, ms
@@ -70,6 +74,8 @@ class FleetPolicy:
             raise ValueError(f"FleetPolicy.order must be one of {ORDERS}, got {self.order!r}")
         if not 0 <= self.k <= self.k_max <= 64:
             raise ValueError(f"FleetPolicy: need 0 <= k <= k_max <= 64, got k={self.k}, k_max={self.k_max}")
+        if not 0 < self.admission_headroom <= 1:
+            raise ValueError(f"FleetPolicy.admission_headroom must be in (0, 1], got {self.admission_headroom}")
         if self.max_batch < 1:
             raise ValueError(f"FleetPolicy.max_batch must be >= 1, got {self.max_batch}")
         if not 0.5 <= self.quantile <= 1:
@@ -337,11 +343,13 @@ class FleetScheduler:
         if batch > n_slots:
             return Admission(join.robot, 0, 0, batch, 0, f"no free slot: this runtime serves at most {n_slots} robots")
         chunk, k = self.chunk_ns(batch)
-        need = int(chunk + self.policy.margin_ms * 1e6)
-        if not self.policy.admission:
+        p = self.policy
+        need = int((chunk + p.margin_ms * 1e6) / p.admission_headroom)  # the budget that chunk needs
+        if not p.admission:
             return Admission(join.robot, 1, join.budget_ns, batch, int(chunk), "admitted (admission control off)")
-        why = (f"with {batch} robots a chunk takes {chunk / 1e6:.2f} ms at p{self.policy.quantile * 100:g} "
-               f"(k={k}; passes at batch {batch}) + {self.policy.margin_ms:g} ms margin")
+        why = (f"with {batch} robots a chunk takes {chunk / 1e6:.2f} ms at p{p.quantile * 100:g} (k={k}; passes at "
+               f"batch {batch}) + {p.margin_ms:g} ms margin, {need / 1e6:.2f} ms of budget at "
+               f"{p.admission_headroom:.0%} headroom")
         if others and need > (tight := min(others.values())):
             robot = min(others, key=others.get)
             return Admission(join.robot, 0, 0, batch, int(chunk), f"refused: {why} > robot {robot!r}'s budget "

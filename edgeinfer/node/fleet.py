@@ -31,12 +31,24 @@ import zmq
 from edgeinfer.core.clock import now_ns, pin_to_cpus
 from edgeinfer.core.lifecycle import ParentWatch
 from edgeinfer.core.transport import DEFAULT_HWM, MAX_MESSAGE_BYTES, READ_LIMIT
-from edgeinfer.core.wire import Hello, Join, Message, Observation, ObservationMismatch, Stop, WireError, decode, encode
+from edgeinfer.core.wire import (
+    Admission,
+    Hello,
+    Join,
+    Message,
+    Observation,
+    ObservationMismatch,
+    Stop,
+    WireError,
+    decode,
+    encode,
+)
 from edgeinfer.engines.drafters import make_drafter
 from edgeinfer.node.fleet_config import CONTROLLER, FleetConfig
 from edgeinfer.node.fleet_decode import Done, Work, make_decoder
 from edgeinfer.node.fleet_robots import Robot, RobotTable
 
+TELL_LAPSED_NS = 1_000_000_000  # a lost robot still sending observations is told to rejoin at most this often
 IDLE_POLL_MS = 100  # the longest wait in poll with nothing to decode (the exit checks run this often)
 
 
@@ -84,7 +96,10 @@ class FleetNode:
         for opt, value in ((zmq.LINGER, 0), (zmq.SNDHWM, DEFAULT_HWM), (zmq.RCVHWM, 10 * DEFAULT_HWM),
                            (zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES), (zmq.ROUTER_MANDATORY, 1), (zmq.ROUTER_HANDOVER, 1)):
             self.sock.setsockopt(opt, value)
-        self.sock.bind(self.cfg.endpoint)
+        try:
+            self.sock.bind(self.cfg.endpoint)
+        except zmq.ZMQError as e:  # in use, or not an endpoint: a start-up error naming the option, no traceback
+            raise OSError(f"FleetConfig.endpoint {self.cfg.endpoint!r}: cannot bind: {e}") from None
         self.poller = zmq.Poller()
         self.poller.register(self.sock, zmq.POLLIN)
         self.t_start_ns = self._last_msg_ns = now_ns()
@@ -201,6 +216,11 @@ class FleetNode:
         if not robot.active:
             robot.counts["obs_unadmitted"] += 1
             self.counters["obs_unadmitted"] += 1
+            if robot.counts["lost"] and t_ns - robot.told_ns > TELL_LAPSED_NS:  # it may not know: say so, now and then
+                robot.told_ns = t_ns
+                self._send(robot.name.encode(), Admission(robot.name, 0, 0, 0, 0, (
+                    f"lease lapsed: nothing heard for {self.cfg.robot_lease_ms:g} ms (robot_lease_ms), its slot was "
+                    "freed; send a Join to be served again")))
             return
         if obs.q_rad.shape != (self.table.n_joints,):
             robot.counts["obs_mismatch"] += 1
@@ -266,6 +286,10 @@ class FleetNode:
         except zmq.ZMQError:  # EHOSTUNREACH (ROUTER_MANDATORY: no such peer now) or EAGAIN (its queue is full)
             self.counters["send_failed"] += 1
             return False
+        except (WireError, OverflowError, ValueError) as e:  # a message the wire refuses: counted, never fatal
+            self.counters["send_unencodable"] += 1
+            print(f"fleet: not sent to {identity[:64]!r}: {e}", flush=True)
+            return False
         return True
 
     # --- the end ---------------------------------------------------------------------------------------------
@@ -289,7 +313,8 @@ class FleetNode:
                 "duration_s": round((now_ns() - self.t_start_ns) / 1e9, 3),
                 "counters": dict(sorted(self.counters.items())),
                 "robots": {name: r.summary() for name, r in sorted(self.table.robots.items())},
-                "admission_log": self.table.log, "pass_costs": self.decoder.costs()}
+                "admission_log": self.table.log + list(self.table.log_tail),
+                "admission_log_dropped": self.table.log_dropped, "pass_costs": self.decoder.costs()}
 
     def close(self) -> None:
         if self.sock is not None:

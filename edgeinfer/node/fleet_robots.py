@@ -28,6 +28,12 @@ READY_KEPT = 100_000  # the newest chunks whose time to ready (t_ready - t_obs) 
 Decide = Callable[[Join, dict[str, int]], Admission]  # (join, the other admitted robots' budgets, ns) -> Admission
 
 
+# the most a Join may ask for: a 10 s control period, a replan every 1000 ticks, a 60 s chunk budget (a robot's
+# numbers are far below; these keep a chunk's times inside int64 and the wire's limits)
+LOG_KEEP = 1000  # admission decisions kept at each end of the log
+ROBOTS_KEEP = 4096  # robots the table keeps (admitted ones always)
+JOIN_BOUNDS = {"period_ns": 10_000_000_000, "replan_every_ticks": 1000, "budget_ns": 60_000_000_000}
+
 @dataclass
 class Robot:
     """One robot of the fleet: its Join's numbers, its admission, its slot and drafter, and its counters."""
@@ -43,6 +49,7 @@ class Robot:
     counts: Counter = field(default_factory=Counter)  # observations, obs_stale, chunks, rung.<rung>, lost, ...
     k_hist: Counter = field(default_factory=Counter)  # target passes of its chunks by drafts verified (k group)
     batch_hist: Counter = field(default_factory=Counter)  # target passes of its chunks by batch size
+    told_ns: int = -(2**62)  # when it was last told its lease lapsed (FleetNode._observation)
     ready_ns: deque = field(default_factory=lambda: deque(maxlen=READY_KEPT))  # its chunks' t_ready - t_obs, ns
 
     @property
@@ -70,7 +77,11 @@ class RobotTable:
         self.n_slots, self.n_joints = n_slots, n_joints
         self.robots: dict[str, Robot] = {}
         self.free = list(range(n_slots))  # ascending: the lowest free slot is taken first
-        self.log: list[dict] = []  # every admission decision, in order
+        # the admission decisions, in order: the first LOG_KEEP and the newest LOG_KEEP (a peer sending Joins in a
+        # loop cannot grow the runtime's memory); log_dropped counts the ones between
+        self.log: list[dict] = []
+        self.log_tail: deque = deque(maxlen=LOG_KEEP)
+        self.log_dropped = 0
 
     def active(self) -> list[Robot]:
         return [r for r in self.robots.values() if r.active]
@@ -99,14 +110,22 @@ class RobotTable:
                 robot.slot = self.free.pop(0)
             elif not robot.admission.admitted:
                 self._release(robot)
-        if name.encode() == sender:  # a Join under another name than its sender's is answered, never kept
+        keep = robot.admission.admitted or name in self.robots or len(self.robots) < ROBOTS_KEEP
+        if name.encode() == sender and keep:
+            # a Join under another name than its sender's is answered, never kept; refused newcomers are kept while
+            # the table is small (their reasons are in the report), never past ROBOTS_KEEP
             self.robots[name] = robot
             robot.counts["joins"] += 1
             robot.counts["rejoined"] += rejoin
             robot.counts["admissions"] += robot.admission.admitted
         a = robot.admission
-        self.log.append({"t_ns": t_ns, "robot": name, "admitted": bool(a.admitted), "budget_ns": a.budget_ns,
-                         "batch": a.batch, "chunk_ns": a.chunk_ns, "reason": a.reason, "rejoin": rejoin})
+        entry = {"t_ns": t_ns, "robot": name, "admitted": bool(a.admitted), "budget_ns": a.budget_ns,
+                 "batch": a.batch, "chunk_ns": a.chunk_ns, "reason": a.reason, "rejoin": rejoin}
+        if len(self.log) < LOG_KEEP:
+            self.log.append(entry)
+        else:
+            self.log_dropped += len(self.log_tail) == LOG_KEEP
+            self.log_tail.append(entry)
         return robot, rejoin
 
     def _invalid(self, join: Join, sender: bytes) -> str | None:
@@ -116,14 +135,18 @@ class RobotTable:
                     "ZMQ_IDENTITY to the robot's name")
         if join.n_joints != self.n_joints:
             return f"Join.n_joints {join.n_joints}: the policy has {self.n_joints} joints"
-        for name in ("period_ns", "replan_every_ticks", "budget_ns"):
-            if getattr(join, name) <= 0:
-                return f"Join.{name} must be > 0, got {getattr(join, name)}"
+        for name, top in JOIN_BOUNDS.items():
+            if not 0 < getattr(join, name) <= top:
+                return f"Join.{name} must be in (0, {top}], got {getattr(join, name)}"
+        if join.max_budget_ns > JOIN_BOUNDS["budget_ns"]:
+            return f"Join.max_budget_ns must be <= {JOIN_BOUNDS['budget_ns']}, got {join.max_budget_ns}"
         return None
 
     def heard(self, sender: bytes, t_ns: int) -> Robot | None:
         """A message from routing id `sender` at t_ns renews its lease; its robot (None: an unknown peer)."""
         robot = self.robots.get(sender.decode(errors="replace"))
+        if robot is not None and robot.name.encode() != sender:  # another routing id that decodes alike: not it
+            return None
         if robot is not None:
             robot.last_heard_ns = max(robot.last_heard_ns, t_ns)
         return robot

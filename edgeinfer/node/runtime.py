@@ -26,6 +26,7 @@ from edgeinfer.core.protocols import Drafter
 from edgeinfer.core.scheduler import SchedulerConfig, TickPlanner
 from edgeinfer.core.speculative import DecodeResult, speculative_decode
 from edgeinfer.core.wire import ActionChunk, Observation, ObservationMismatch
+from edgeinfer.engines.dct_tokenizer import decode_chunk
 from edgeinfer.engines.drafters import DRAFTERS, applicable_drafters, make_drafter
 from edgeinfer.engines.paths import DEFAULT_POLICY
 from edgeinfer.node.faults import FaultConfig
@@ -233,24 +234,29 @@ def chunk_rung(res: DecodeResult, n_tokens: int, row_tokens: int, prefix_rung: s
                ) -> tuple[str, list[int]]:
     """The fallback ladder (module docstring) for a decode that ended: (rung, tokens). Every token verified: full;
     at least one whole row of row_tokens: prefix_rung (the tokenizer's), cut at its last whole row; fewer: the
-    verified prefix completed by `drafter` (draft); no drafter: continue, no tokens."""
+    verified prefix completed by `drafter` (draft); no drafter: continue, no tokens. A tokenizer that completes
+    any prefix of whole rows (prefix_rung "coarse": DCT tokens, completed around the constant-velocity chunk)
+    drafts with no token at all: its completion of no row is the constant-velocity chunk itself, which a part of
+    coefficient 0 beside the drafter's higher coefficients would shift at every step (build_chunk decodes it)."""
     tokens = res.tokens
     if res.complete:
         return "full", tokens
     if len(tokens) >= row_tokens:
         return prefix_rung, tokens[: len(tokens) // row_tokens * row_tokens]
     if drafter is not None:
-        return "draft", tokens + drafter.propose(tokens, n_tokens - len(tokens))
+        return "draft", [] if prefix_rung == "coarse" else tokens + drafter.propose(tokens, n_tokens - len(tokens))
     return "continue", []
 
 
 def build_chunk(policy, obs: Observation, tokens: list[int], rung: str, step_ns: int, seq: int,
                 res: DecodeResult | None) -> ActionChunk:
     """The ActionChunk of `tokens` (a multiple of D) for `obs`: steps_rad (rows, D) float64 rad, the anchor row
-    obs.q_rad then the rows policy.tokenizer.decode gives (one per whole row for step tokens, H for DCT tokens);
+    obs.q_rad then the rows the tokens decode to (one per whole row for step tokens, H for DCT tokens: decode_chunk);
     ready now. res: the DecodeResult behind it, for its counts (None: the tokens alone)."""
     d = policy.cfg.n_joints
-    steps = obs.q_rad + policy.tokenizer.decode(np.array(tokens, dtype=np.int64)) if tokens else np.zeros((0, d))
+    # a DCT prefix is completed around the constant-velocity chunk of q - q_prev (engines/dct_tokenizer.py)
+    steps = (obs.q_rad + decode_chunk(policy.tokenizer, np.array(tokens, dtype=np.int64), obs.q_rad - obs.q_prev_rad)
+             if tokens or rung == "draft" else np.zeros((0, d)))
     return ActionChunk(
         seq=seq, obs_seq=obs.seq, t_obs_ns=obs.t_ns, t_ready_ns=now_ns(), step_ns=step_ns,
         steps_rad=np.vstack([obs.q_rad[None, :], steps]), rung=rung, tokens=len(res.tokens) if res else len(tokens),
