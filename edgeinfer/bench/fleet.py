@@ -32,35 +32,13 @@ from typing import Literal
 
 from rich.console import Console
 
+from edgeinfer.bench.fleet_configs import CONFIGURATIONS
 from edgeinfer.bench.fleet_ladder import breaks, headline, ladder, next_robots, passes, ratio
 from edgeinfer.engines.paths import DEFAULT_POLICY
 
 SCHEMA = "edgeinfer.bench.fleet/1"
 PHASES = ("sync", "staggered")
 POINT_OVERHEAD_S = 9.0  # start-up and teardown of a point beside its replay (measured on the 2-core VM, loaded)
-
-
-@dataclass(frozen=True)
-class Configuration:
-    """One way of serving the fleet: its label, whether each robot gets its own runtime process, and the
-    FleetPolicy fields (edgeinfer/core/fleet.py) it sets over the defaults."""
-
-    label: str
-    process_per_robot: bool
-    policy: dict
-    per_core: bool = False  # one runtime per CPU core of this machine, the robots spread over them (robot i on i % n)
-
-
-CONFIGURATIONS = {
-    "a": Configuration("one runtime process per robot", True, {"batching": False}),
-    "b": Configuration("one runtime, robots one after another", False,
-                       {"batching": False, "order": "arrival", "admission": False}),
-    "c": Configuration("batching in arrival order, no deadlines", False,
-                       {"batching": True, "order": "arrival", "adaptive_k": False, "k": 0, "deadline_cut": False,
-                        "admission": False}),
-    "d": Configuration("edgeinfer fleet", False, {}),
-    "e": Configuration("edgeinfer fleet, one runtime per core", False, {}, per_core=True),
-}
 
 
 @dataclass
