@@ -16,6 +16,7 @@ fleet_report.py) go to fleet_report.json, robots/<name>.json, fleet.png and a ta
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import tempfile
@@ -101,6 +102,9 @@ class FleetReplayConfig:
             values = getattr(self, name)
             if values is not None and len(values) > self.robots:
                 raise ValueError(f"FleetReplayConfig.{name}: {len(values)} values for {self.robots} robots")
+            if values is not None and not all(math.isfinite(v) for v in values):
+                raise ValueError(f"FleetReplayConfig.{name} must be finite seconds (kill_robot_at_s < 0: never), "
+                                 f"got {values}")
         if self.join_at_s is not None and min(self.join_at_s, default=0) < 0:
             raise ValueError(f"FleetReplayConfig.join_at_s must be >= 0, got {self.join_at_s}")
 
@@ -210,10 +214,10 @@ def fleet_replay(cfg: FleetReplayConfig, console: Console | None = None) -> dict
             signals.restore()
     failed = {name: code for name, code in exit_codes.items() if code not in (0, None) and name not in drilled}
     report = _report(cfg, names, logs, killed, exit_codes, runtimes, interrupted, failed)
-    for name, code in failed.items():
-        console.print(f"[red]{name} process exited with code {code}; see {cfg.out / (name + '.log')}[/red]")
     console.print(f"wrote {cfg.out}/: fleet_report.json, robots/*.json{', fleet.png' if cfg.plots else ''}")
     print_fleet(report, console)
+    for name, code in failed.items():  # last: a failed process is not to be missed above the table
+        console.print(f"[red]{name} process exited with code {code}; see {cfg.out / (name + '.log')}[/red]")
     return report
 
 

@@ -333,3 +333,12 @@ def test_a_kill_drill_is_refused_when_its_robot_shares_a_group_with_robots_that_
     with pytest.raises(ValueError, match="kill_robot_at_s: robots .* share one group process"):
         fleet_replay(cfg, Console(quiet=True))
     assert not list(tmp_path.glob("fr/*.log"))  # no process was started
+
+
+@pytest.mark.parametrize("field, values", [("kill_robot_at_s", [float("inf")]), ("kill_robot_at_s", [float("nan")]),
+                                           ("join_at_s", [float("nan")])])
+def test_drill_times_must_be_finite(field, values):
+    from edgeinfer.sim.fleet_replay import FleetReplayConfig
+
+    with pytest.raises(ValueError, match=f"FleetReplayConfig.{field} must be finite"):
+        FleetReplayConfig(robots=1, **{field: values})
