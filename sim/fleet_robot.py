@@ -35,6 +35,7 @@ from edgeinfer.core import transport
 from edgeinfer.core.clock import now_ns
 from edgeinfer.core.wire import RUNGS, ActionChunk, Admission, Join, Observation, Stop, WireError, decode, encode
 from edgeinfer.logs.arm_log import ArmLog
+from edgeinfer.sim.pacing import should_skip
 from edgeinfer.sim.schedule import extra_of, tick_grid
 
 ADMISSION_TIMEOUT_NS = 2_000_000_000  # no Admission this long after the Join: the runtime never answered
@@ -180,7 +181,7 @@ class RobotClient:
 
     def _send_due(self, now: int) -> None:
         j, sched = self.j, self.t_sched
-        if j + 1 < len(sched) and now >= sched[j + 1]:
+        if should_skip(j, now, sched, catch_up=False):
             self.skipped[j] = True  # stale: its successor is due; resume on schedule, no burst
             self.t_sent[j] = now
         else:

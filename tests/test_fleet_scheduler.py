@@ -134,18 +134,24 @@ def _admit(sched, name, budget_ms, max_budget_ms=0.0, admitted=None):
     return sched.admission(Join(name, 6, 4 * MS, 5, int(budget_ms * MS), int(max_budget_ms * MS)), admitted or {}, 32)
 
 
+def _admit_until_refused(sched):
+    """Robots r0, r1, ... with 20 ms budgets join until one is refused: (the admitted budgets, that refusal)."""
+    admitted = {}
+    for i in range(40):
+        a = _admit(sched, f"r{i}", 20.0, admitted=admitted)
+        if not a.admitted:
+            return admitted, a
+        admitted[a.robot] = a.budget_ns
+    raise AssertionError("40 robots admitted")
+
+
 def test_admission_refuses_a_robot_that_would_break_the_others_deadlines():
     costs = PassCosts()
     for b in range(1, 33):
         for t in (1, 2, 3, 5, 9):
             costs.record(b, t, 50_000 + 10_000 * b * t)
     sched = FleetScheduler(FleetPolicy(adaptive_k=False, admission_headroom=1.0), None, 48, 6, costs)
-    admitted = {}
-    for i in range(40):
-        a = _admit(sched, f"r{i}", 20.0, admitted=admitted)
-        if not a.admitted:
-            break
-        admitted[a.robot] = a.budget_ns
+    admitted, a = _admit_until_refused(sched)
     # 48 passes of 50 + 10 * B us: B robots fit while 48 * (0.05 + 0.01 B) + 0.5 <= 20 ms, i.e. B <= 35 -> slots (32)
     # bind first; with 30 us a row the bound is B <= 11
     assert len(admitted) == 32 and "no free slot" in a.reason
@@ -153,19 +159,11 @@ def test_admission_refuses_a_robot_that_would_break_the_others_deadlines():
     for b in range(1, 33):
         costs30.record(b, 1, 50_000 + 30_000 * b)
     sched = FleetScheduler(FleetPolicy(adaptive_k=False, admission_headroom=1.0), None, 48, 6, costs30)
-    admitted = {}
-    for i in range(40):
-        a = _admit(sched, f"r{i}", 20.0, admitted=admitted)
-        if not a.admitted:
-            break
-        admitted[a.robot] = a.budget_ns
+    admitted, a = _admit_until_refused(sched)
     assert len(admitted) == 11 and a.batch == 12
     assert "refused" in a.reason and "20 ms" in a.reason and a.chunk_ns == pytest.approx(48 * (50_000 + 360_000))
     default = FleetScheduler(FleetPolicy(adaptive_k=False), None, 48, 6, costs30)  # headroom 0.8: 20 ms budgets use 16
-    n = 0
-    while _admit(default, f"r{n}", 20.0, admitted={f"r{i}": 20 * MS for i in range(n)}).admitted:
-        n += 1
-    assert n == 9  # 48 (50 + 30 B) us + 0.5 ms <= 0.8 x 20 ms: B <= 9.1
+    assert len(_admit_until_refused(default)[0]) == 9  # 48 (50 + 30 B) us + 0.5 ms <= 0.8 x 20 ms: B <= 9.1
     longer = _admit(sched, "patient", 20.0, max_budget_ms=40.0)  # alone: fits 20 ms anyway
     assert longer.admitted and longer.budget_ns == 20 * MS
     one = {"r0": 40 * MS}

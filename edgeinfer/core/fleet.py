@@ -33,7 +33,7 @@ from __future__ import annotations
 import math
 import time
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Literal
 
 import numpy as np
@@ -143,7 +143,9 @@ class Request:
     started: bool = False  # joined the batch (no longer superseded by a newer observation)
     cut: bool = False  # ended by the deadline before every token was verified
     ended_ns: int = 0
-    passes: int = 0  # batched passes it took part in
+    # its passes by the batch they ran in, and by the drafts they verified (the prefill left out)
+    batch_passes: Counter = field(default_factory=Counter)
+    draft_passes: Counter = field(default_factory=Counter)
 
 
 class FleetScheduler:
@@ -225,7 +227,9 @@ class FleetScheduler:
         for r, p, lg in zip(batch, passes, logits):
             drafted = len(p.tokens) - 1 if p.start else 0
             accepted = r.decode.commit(lg)
-            r.passes += 1
+            r.batch_passes[len(batch)] += 1
+            if p.start:
+                r.draft_passes[drafted] += 1
             if drafted:
                 self._observe(r.robot, drafted, accepted)
         if record:
@@ -244,7 +248,8 @@ class FleetScheduler:
         tokens = run([(r.slot, r.decode.n, r.decode.res.tokens[-1], m) for r, m in zip(batch, ms)])
         for r, m, new in zip(batch, ms, tokens):
             r.decode.extend(new, m)
-            r.passes += m
+            r.batch_passes[len(batch)] += m
+            r.draft_passes[0] += m
         top = max(ms)
         if record:
             self.costs.record(len(batch), 1, (self.clock() - t0) // top)

@@ -112,25 +112,23 @@ class BatchedDecoder:
 
     def drop(self, robot: str) -> None:
         for req in self.scheduler.drop(robot):
-            self._work.pop(id(req), None)
+            self._count(req, self._work.pop(id(req), None))
+
+    @staticmethod
+    def _count(req: Request, work: Work | None) -> None:
+        """A request's passes into its robot's histograms: by batch size (batch_hist) and by drafts verified
+        (k_hist, the prefill left out)."""
+        if work is not None:
+            work.robot.batch_hist.update(req.batch_passes)
+            for k, n in req.draft_passes.items():
+                work.robot.k_hist[k_group(k)] += n
 
     def step(self) -> list[Done]:
-        """One batched pass; each robot's passes counted by drafts verified (k_hist, the prefill left out) and by
-        batch size (batch_hist)."""
-        sch = self.scheduler
-        before = {id(r): (r, r.decode.res.target_passes, r.decode.res.drafted, r.decode.n)
-                  for r in (*sch.running, *sch.waiting.values())}
-        ended = sch.step()
-        passed = [(r, r.decode.res.target_passes - passes, r.decode.res.drafted - drafted, n)
-                  for r, passes, drafted, n in before.values() if r.decode.res.target_passes > passes]
-        for r, passes, k, n in passed:  # passes > 1: a row run (FleetScheduler._rows), target-only
-            robot = self._work[id(r)].robot
-            robot.batch_hist[len(passed)] += passes
-            if n > 0:
-                robot.k_hist[k_group(k)] += passes
+        """One batched pass (FleetScheduler.step); the chunks it ended, their passes counted (_count)."""
         done = []
-        for req in ended:
+        for req in self.scheduler.step():
             work = self._work.pop(id(req))
+            self._count(req, work)
             rung, tokens = chunk_rung(req.decode.res, self.policy.cfg.n_tokens, self.policy.cfg.n_joints,
                                       self.prefix_rung, work.robot.drafter)
             chunk = build_chunk(self.policy, work.obs, tokens, rung, work.robot.step_ns, 0, req.decode.res)
