@@ -82,8 +82,10 @@ class KinematicDrafter:
 class DctKinematicDrafter:
     """The kinematic drafter in DCT space (engines/dct_tokenizer.py): the constant-velocity extrapolation of each
     joint over the whole horizon, offset[h] = (h+1) * (q - q_prev), h = 0..H-1, tokenised once per chunk; draft
-    token p is its token p. A coefficient does not follow from the ones before it the way a step follows from
-    the steps before it, so the drafts ignore the committed tokens (the target corrects them)."""
+    token p is its token p. For a tokenizer about constant velocity that chunk departs from its prior by nothing:
+    every draft is the bin of a zero coefficient (for one about rest, the ramp's own coefficients). A coefficient
+    does not follow from the ones before it the way a step follows from the steps before it, so the drafts ignore
+    the committed tokens (the target corrects them)."""
 
     name = "kinematic"
 
@@ -94,7 +96,7 @@ class DctKinematicDrafter:
     def reset(self, q_rad, qd_rad_s, q_prev_rad) -> None:
         increment = np.asarray(q_rad, dtype=np.float64) - np.asarray(q_prev_rad, dtype=np.float64)
         steps = np.arange(1, self.tok.horizon + 1)[:, None]  # (H, 1) chunk steps ahead
-        self._tokens = self.tok.encode(steps * increment[None, :]).tolist()  # all H*D tokens
+        self._tokens = self.tok.encode(steps * increment[None, :], increment).tolist()  # all H*D tokens
 
     def propose(self, tokens: Sequence[int], k: int) -> list[int]:
         n = len(tokens)

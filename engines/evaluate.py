@@ -4,7 +4,10 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from edgeinfer.engines.dct_tokenizer import constant_velocity_rad
 from edgeinfer.engines.model import ActionTransformer
+from edgeinfer.engines.policy import feature_increment
+from edgeinfer.engines.tokenizer import decode_chunk, encode_chunk
 
 
 @torch.inference_mode()
@@ -36,15 +39,14 @@ def evaluate_policy(policy, feats: np.ndarray, offsets: np.ndarray, batch: int =
     against the recorded future over the steps they decode: the first r steps for step tokens, the whole
     horizon for DCT tokens (engines/dct_tokenizer.py), of the greedy tokens and of the tokenized future."""
     tokens = greedy_tokens(policy, feats, batch)
-    pred = policy.tokenizer.decode(tokens)
+    inc = feature_increment(feats)  # q - q_prev: the increment over the last chunk step
+    pred = decode_chunk(policy.tokenizer, tokens, inc)
     d = offsets.shape[2]
-    last_inc = feats[:, 2 * d:3 * d]  # q - q_prev: the increment over the last chunk step
-    const_vel = last_inc[:, None, :] * np.arange(1, offsets.shape[1] + 1)[None, :, None]
-    ref_tokens = policy.tokenizer.encode(offsets)
+    ref_tokens = encode_chunk(policy.tokenizer, offsets, inc)
     rmse = lambda e: float(np.sqrt(np.mean(e ** 2)))  # noqa: E731
 
     def per_prefix(tok: np.ndarray) -> list[float]:
-        decoded = [policy.tokenizer.decode(tok[:, :r * d]) for r in range(1, offsets.shape[1] + 1)]
+        decoded = [decode_chunk(policy.tokenizer, tok[:, :r * d], inc) for r in range(1, offsets.shape[1] + 1)]
         return [rmse(x - offsets[:, :x.shape[1]]) for x in decoded]
 
     return {
@@ -53,8 +55,8 @@ def evaluate_policy(policy, feats: np.ndarray, offsets: np.ndarray, batch: int =
         "action_rmse_rad_per_step": [rmse(pred[:, h] - offsets[:, h]) for h in range(offsets.shape[1])],
         "token_accuracy_greedy": float(np.mean(tokens == ref_tokens)),
         "action_rmse_rad_per_prefix": per_prefix(tokens),
-        "tokenizer_rmse_rad": rmse(policy.tokenizer.decode(ref_tokens) - offsets),
+        "tokenizer_rmse_rad": rmse(decode_chunk(policy.tokenizer, ref_tokens, inc) - offsets),
         "tokenizer_rmse_rad_per_prefix": per_prefix(ref_tokens),
         "baseline_hold_rmse_rad": rmse(offsets),
-        "baseline_const_velocity_rmse_rad": rmse(const_vel - offsets),
+        "baseline_const_velocity_rmse_rad": rmse(constant_velocity_rad(inc, offsets.shape[1]) - offsets),
     }

@@ -30,6 +30,13 @@ def observation_features(q_rad: np.ndarray, qd_rad_s: np.ndarray, q_prev_rad: np
     return np.concatenate([q_rad, qd_rad_s, q_rad - q_prev_rad], axis=-1)
 
 
+def feature_increment(features: np.ndarray) -> np.ndarray:
+    """The last chunk-step increment q - q_prev (..., D) rad of raw features (..., 3D) (observation_features): what
+    a DCT tokenizer takes its coefficients about (engines/dct_tokenizer.py)."""
+    d = features.shape[-1] // 3
+    return features[..., 2 * d:3 * d]
+
+
 @dataclass(frozen=True)
 class Normaliser:
     """The built-in policy's featurizer: observation_features, minus mean, over std ((3D,) float64 each, fitted on

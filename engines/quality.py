@@ -16,7 +16,8 @@ import torch
 
 from edgeinfer.core.protocols import Engine
 from edgeinfer.engines.evaluate import greedy_decode_batch
-from edgeinfer.engines.policy import Policy
+from edgeinfer.engines.policy import Policy, feature_increment
+from edgeinfer.engines.tokenizer import action_rmse_rad
 
 
 def greedy_chunk(engine: Engine, obs: np.ndarray, n_tokens: int) -> list[int]:
@@ -43,7 +44,7 @@ def engine_quality(engine: Engine, policy: Policy, feats: np.ndarray, offsets: n
         advance()
     max_diff = max(float(np.abs(engine.forward(x[i], ref[i, :-1].tolist(), 0) - ref_logits[i]).max())
                    for i in range(len(x)))
-    rmse = lambda t: float(np.sqrt(np.mean((policy.tokenizer.decode(t) - offsets) ** 2)))  # noqa: E731
+    rmse = lambda t: action_rmse_rad(policy.tokenizer, t, feature_increment(feats), offsets)  # noqa: E731
     return {
         "observations": int(len(x)),
         "token_agreement": float(np.mean(tokens == ref)),

@@ -91,6 +91,29 @@ class ActionTokenizer:
         return cls(np.array(state["lo_rad"]), np.array(state["hi_rad"]), int(state["n_bins"]))
 
 
+def decode_chunk(tokenizer, tokens: np.ndarray, increment_rad: np.ndarray) -> np.ndarray:
+    """Offsets (..., rows, D) rad of `tokens` (..., n) for observations whose last chunk-step increment q - q_prev
+    is increment_rad (..., D): a DCT tokenizer decodes about the constant-velocity chunk; any other (step tokens,
+    a factory's) decodes the tokens alone. Every decode of a policy's tokens goes through here."""
+    if isinstance(tokenizer, DctTokenizer):
+        return tokenizer.decode(tokens, increment_rad)
+    return tokenizer.decode(tokens)
+
+
+def encode_chunk(tokenizer, offsets_rad: np.ndarray, increment_rad: np.ndarray) -> np.ndarray:
+    """Tokens (..., n) int64 of chunk offsets (..., H, D) rad for observations with increments (..., D) rad, as
+    decode_chunk: a DCT tokenizer encodes the departure from constant velocity, any other the offsets alone."""
+    if isinstance(tokenizer, DctTokenizer):
+        return tokenizer.encode(offsets_rad, increment_rad)
+    return tokenizer.encode(offsets_rad)
+
+
+def action_rmse_rad(tokenizer, tokens: np.ndarray, increment_rad: np.ndarray, offsets_rad: np.ndarray) -> float:
+    """RMSE (rad) of full chunks' tokens (N, H*D) against the recorded offsets (N, H, D) rad, for observations
+    with increments q - q_prev (N, D) rad (engines/policy.feature_increment of raw features), via decode_chunk."""
+    return float(np.sqrt(np.mean((decode_chunk(tokenizer, tokens, increment_rad) - offsets_rad) ** 2)))
+
+
 def tokenizer_from_state(state: dict) -> "ActionTokenizer | DctTokenizer":
     """The tokenizer a manifest's "tokenizer" entry describes, by its "kind" (TOKENIZERS): "step" (ActionTokenizer;
     the default, as the shipped step manifests have no "kind") or "dct" (engines/dct_tokenizer.DctTokenizer).

@@ -26,8 +26,8 @@ from edgeinfer.engines.evaluate import evaluate_policy
 from edgeinfer.engines.fit_data import SCHUNK_DATA, FitDataConfig, default_horizon, default_stride_ticks, load_fit_data
 from edgeinfer.engines.model import POLICY_SIZES, ActionTransformer, PolicyConfig
 from edgeinfer.engines.paths import TRAINED_DIR, check_writable
-from edgeinfer.engines.policy import Policy
-from edgeinfer.engines.tokenizer import ActionTokenizer
+from edgeinfer.engines.policy import Policy, feature_increment
+from edgeinfer.engines.tokenizer import ActionTokenizer, encode_chunk
 
 
 @dataclass(kw_only=True)
@@ -101,11 +101,11 @@ def train(cfg: TrainConfig) -> Policy:
     torch.manual_seed(cfg.seed)
     rng = np.random.default_rng(cfg.seed)
     feats, offsets = data.windows("train", horizon, stride)
-    tokenizer = (DctTokenizer.fit(offsets, cfg.n_bins) if cfg.tokenizer == "dct"
+    tokenizer = (DctTokenizer.fit(offsets, feature_increment(feats), cfg.n_bins) if cfg.tokenizer == "dct"
                  else ActionTokenizer.fit(step_increments(offsets), cfg.n_bins))
     mean, std = feats.mean(0), feats.std(0) + 1e-6
     x = torch.as_tensor((feats - mean) / std, dtype=torch.float32)
-    y = torch.as_tensor(tokenizer.encode(offsets))
+    y = torch.as_tensor(encode_chunk(tokenizer, offsets, feature_increment(feats)))
     pcfg = PolicyConfig(obs_dim=feats.shape[1], n_joints=offsets.shape[2], horizon=horizon, stride_ticks=stride,
                         n_bins=cfg.n_bins, **POLICY_SIZES[cfg.size])
     model = ActionTransformer(pcfg)

@@ -13,6 +13,7 @@ import pytest
 from edgeinfer.bench.anytime import AnytimeConfig, curve_windows, verdict, whole_horizon
 from edgeinfer.engines.dct_tokenizer import DctTokenizer, constant_velocity_rad
 from edgeinfer.engines.evaluate import greedy_tokens
+from edgeinfer.engines.policy import feature_increment
 from edgeinfer.engines.tokenizer import ActionTokenizer
 
 H, D = 8, 6
@@ -38,13 +39,15 @@ def test_a_step_prefix_is_held_at_its_last_step_and_a_dct_prefix_spans_the_horiz
     for h in range(2, H):  # held at step 2's target
         np.testing.assert_array_equal(two[:, h], two[:, 1])
     np.testing.assert_array_equal(whole_horizon(step, tok, H, inc_obs), step.decode(tok))  # a whole chunk: as is
-    dct = DctTokenizer.fit(off)
-    dtok = dct.encode(off)
+    dct = DctTokenizer.fit(off, inc_obs)
+    dtok = dct.encode(off, inc_obs)
     one = whole_horizon(dct, dtok[:, :D], H, inc_obs)  # coefficient 0 alone: the whole horizon
-    np.testing.assert_array_equal(one, dct.decode(dtok[:, :D], constant_velocity_rad(inc_obs, H)))  # the runtime's
-    # coefficient 0 is the mean times sqrt(H), quantised within half a bin, and kept
-    assert np.all(np.abs(one.mean(1) - off.mean(1)) <= dct.width_rad[0] / 2 / np.sqrt(H) + 1e-12)
-    # completed around constant velocity: the first step is close, not the chunk's mean
+    np.testing.assert_array_equal(one, dct.decode(dtok[:, :D], inc_obs))  # the runtime's
+    # coefficient 0 is the mean departure from constant velocity times sqrt(H), quantised within half a bin, kept
+    departure = off - constant_velocity_rad(inc_obs, H)
+    assert np.all(np.abs((one - off).mean(1)) <= dct.width_rad[0] / 2 / np.sqrt(H) + 1e-12)
+    assert np.abs(departure.mean(1)).max() > 10 * dct.width_rad[0].max()  # a departure the row does say
+    # a departure from constant velocity: the first step is close, not the chunk's mean
     assert np.sqrt(np.mean((one - off)[:, 0] ** 2)) < 0.1 * np.sqrt(np.mean((off.mean(1) - off[:, 0]) ** 2))
 
 
@@ -117,11 +120,11 @@ def test_a_tiny_run_fills_every_section_with_real_values(tiny):
         assert np.isfinite(first) and first > curve["tokenizer"][-1]["action_rmse_rad"]
         tokens = greedy_tokens(policy, feats)[:, :D]
         if p == "step":  # one step, then held: broadcast over the horizon
-            one = policy.tokenizer.decode(tokens)  # (N, 1, D)
+            one = policy.tokenizer.decode(tokens)  # (N, 1, D): step tokens need no increment
             assert one.shape == (48, 1, D)
             assert first == pytest.approx(float(np.sqrt(np.mean((one - offsets) ** 2))), rel=1e-9)
         else:  # coefficient 0 of every joint: the whole horizon
-            assert policy.tokenizer.decode(tokens).shape == (48, H, D)
+            assert policy.tokenizer.decode(tokens, feature_increment(feats)).shape == (48, H, D)
         spec = result["spec"][p]
         assert spec["pass_ms"] > 0 and spec["target_only"]["tokens_per_target_pass"] == pytest.approx(1.0)
         for drafter in ("kinematic", "learned"):

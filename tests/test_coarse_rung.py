@@ -58,21 +58,21 @@ def test_a_dct_chunk_cut_mid_chunk_is_coarse_and_spans_the_whole_horizon(tmp_pat
     obs = observation(full)
     whole = full.step(obs, budget=False)
     assert whole.rung == "full" and whole.tokens == h * d and whole.steps_rad.shape == (h + 1, d)
-    tok = full.policy.tokenizer
-    tokens = tok.encode(whole.steps_rad[1:] - obs.q_rad)  # the full chunk's tokens (decode is exact on bin centres)
-    np.testing.assert_allclose(obs.q_rad + tok.decode(tokens), whole.steps_rad[1:], atol=1e-12)
+    tok, inc = full.policy.tokenizer, obs.q_rad - obs.q_prev_rad
+    tokens = tok.encode(whole.steps_rad[1:] - obs.q_rad, inc)  # the full chunk's tokens (exact on bin centres)
+    np.testing.assert_allclose(obs.q_rad + tok.decode(tokens, inc), whole.steps_rad[1:], atol=1e-12)
 
     cut = runtime(dct_manifest(tmp_path), stop_at=STOP_AT).step(obs, budget=False)
     assert cut.rung == "coarse" and cut.tokens == STOP_AT
     assert cut.steps_rad.shape == (h + 1, d)  # the whole horizon, from the one whole coefficient row
     np.testing.assert_array_equal(cut.steps_rad[0], obs.q_rad)
-    # the first row of the same (exact, target-verified) tokens, completed around the constant-velocity chunk of
+    # the first row of the same (exact, target-verified) tokens: a departure from the constant-velocity chunk of
     # the observation's last increment; the unfinished second row is left out
-    prior = constant_velocity_rad(obs.q_rad - obs.q_prev_rad, h)
-    assert np.abs(obs.q_rad - obs.q_prev_rad).max() > 1e-3  # a moving arm: the prior matters
-    np.testing.assert_allclose(cut.steps_rad[1:], obs.q_rad + tok.decode(tokens[:d], prior), atol=1e-12)
-    assert not np.allclose(cut.steps_rad[1:], obs.q_rad + tok.decode(tokens[:d]))  # not completed from rest
-    assert not np.allclose(cut.steps_rad[1:], obs.q_rad + tok.decode(tokens[:2 * d], prior))
+    assert np.abs(inc).max() > 1e-3  # a moving arm: the prior matters
+    np.testing.assert_allclose(cut.steps_rad[1:], obs.q_rad + tok.decode(tokens[:d], inc), atol=1e-12)
+    assert not np.allclose(cut.steps_rad[1:], obs.q_rad + tok.decode(tokens[:d], np.zeros(d)))  # not from rest
+    assert not np.allclose(cut.steps_rad[1:], obs.q_rad + tok.decode(tokens[:2 * d], inc))
+    assert not np.allclose(cut.steps_rad[1:], obs.q_rad + constant_velocity_rad(inc, h))  # the row is used
 
 
 def test_a_step_chunk_cut_mid_chunk_is_partial_and_shorter():
@@ -90,11 +90,10 @@ def test_the_early_first_row_of_a_dct_chunk_is_coarse_and_the_rest_refines_it_in
     firsts = []
     chunk = rt.step(obs, step_ns=20 * MS, budget=False, on_first_step=firsts.append)
     (first,) = firsts
-    tok = rt.policy.tokenizer
-    tokens = tok.encode(chunk.steps_rad[1:] - obs.q_rad)
+    tok, inc = rt.policy.tokenizer, obs.q_rad - obs.q_prev_rad
+    tokens = tok.encode(chunk.steps_rad[1:] - obs.q_rad, inc)
     assert (first.rung, first.seq, first.tokens, first.steps_rad.shape) == ("coarse", chunk.seq, d, (h + 1, d))
-    prior = constant_velocity_rad(obs.q_rad - obs.q_prev_rad, h)
-    np.testing.assert_allclose(first.steps_rad[1:], obs.q_rad + tok.decode(tokens[:d], prior), atol=1e-12)
+    np.testing.assert_allclose(first.steps_rad[1:], obs.q_rad + tok.decode(tokens[:d], inc), atol=1e-12)
     # the control loop follows the coarse whole-horizon chunk at once, and takes the rest of the chunk, which has
     # as many steps, in its place (before, "as many steps" turned the refinement away as superseded)
     buf = ChunkBuffer(blend_ns=10 * MS)

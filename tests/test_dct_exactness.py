@@ -83,7 +83,8 @@ def test_kinematic_drafts_are_the_tokenized_constant_velocity_chunk(dct_policy, 
     drafter.reset(q, qd, q_prev)
     h = dct_policy.cfg.horizon
     chunk = np.arange(1, h + 1)[:, None] * (q - q_prev)[None, :]  # (H, D) constant velocity
-    expected = dct_policy.tokenizer.encode(chunk).tolist()
+    expected = dct_policy.tokenizer.encode(chunk, q - q_prev).tolist()
+    assert expected == dct_policy.tokenizer.encode(np.zeros_like(chunk), np.zeros_like(q)).tolist()  # departs by 0
     assert drafter.propose([], 5) == expected[:5]
     assert drafter.propose(expected[:10], 4) == expected[10:14]
     assert drafter.propose(expected[:-2], 8) == expected[-2:]  # never past the chunk

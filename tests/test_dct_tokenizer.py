@@ -1,6 +1,7 @@
-"""DCT action tokens (engines/dct_tokenizer.py): round trip within half a bin per coefficient, prefix decoding within
-the documented bound for every prefix length (completed around the constant-velocity chunk, least acceleration),
-coefficient-major order, state round trip, and dispatch by "kind"."""
+"""DCT action tokens (engines/dct_tokenizer.py): the departure from the constant-velocity chunk round-trips within
+half a bin per coefficient, every prefix decodes within the documented bound (filled by the least acceleration),
+coefficient-major order, state round trip (and the older tokens about rest), the increment required, dispatch by
+"kind"."""
 import json
 
 import numpy as np
@@ -9,56 +10,74 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy.fft import dct
 
-from edgeinfer.engines.dct_tokenizer import DctTokenizer, completion_gain, constant_velocity_rad, decode_chunk
+from edgeinfer.engines.bins import fitted_range
+from edgeinfer.engines.dct_tokenizer import DctTokenizer, completion_gain, constant_velocity_rad, dct_rad
 from edgeinfer.engines.paths import DEFAULT_POLICY
-from edgeinfer.engines.tokenizer import ActionTokenizer, tokenizer_from_state
+from edgeinfer.engines.tokenizer import ActionTokenizer, decode_chunk, encode_chunk, tokenizer_from_state
 
 H, D = 8, 3
 
 
-def smooth_offsets(rng: np.random.Generator, n: int, increments: bool = False):
-    """(n, H, D) chunk offsets of smooth motion: a velocity and an acceleration per joint, plus a little noise; with
-    increments, also the last chunk-step increment q - q_prev (n, D) of that motion (offset -1 is a - v)."""
+def smooth_offsets(rng: np.random.Generator, n: int):
+    """(n, H, D) chunk offsets of smooth motion (a velocity and an acceleration per joint, plus a little noise) and
+    the last chunk-step increment q - q_prev (n, D) of that motion (offset -1 is a - v)."""
     h = np.arange(1, H + 1)[None, :, None]
     v, a = rng.normal(0, 0.01, (n, 1, D)), rng.normal(0, 0.001, (n, 1, D))
-    offsets = v * h + a * h ** 2 + rng.normal(0, 1e-4, (n, H, D))
-    return (offsets, (v - a)[:, 0]) if increments else offsets
+    return v * h + a * h ** 2 + rng.normal(0, 1e-4, (n, H, D)), (v - a)[:, 0]
+
+
+def departure_coefficients(offsets, inc):
+    return dct(offsets - constant_velocity_rad(inc, H), type=2, norm="ortho", axis=1)
 
 
 @pytest.fixture(scope="module")
 def fitted():
-    train = smooth_offsets(np.random.default_rng(0), 5000)
-    return DctTokenizer.fit(train, n_bins=64), smooth_offsets(np.random.default_rng(1), 2000)
+    train, train_inc = smooth_offsets(np.random.default_rng(0), 5000)
+    return DctTokenizer.fit(train, train_inc, n_bins=64), *smooth_offsets(np.random.default_rng(1), 2000)
 
 
 def test_round_trip_within_half_a_bin_per_coefficient(fitted):
-    tok, offsets = fitted
-    coefs = dct(offsets, type=2, norm="ortho", axis=1)
+    tok, offsets, inc = fitted
+    assert tok.about == "constant_velocity"
+    coefs = departure_coefficients(offsets, inc)
     inside = np.all((coefs > tok.lo_rad) & (coefs < tok.hi_rad), axis=(1, 2))
     assert inside.mean() > 0.99  # the fitted ranges cover held-out data of the same motion
-    tokens = tok.encode(offsets[inside])
+    tokens = tok.encode(offsets[inside], inc[inside])
     assert tokens.shape == (inside.sum(), H * D) and tokens.dtype == np.int64
     assert np.all(np.abs(tok.coefficients(tokens) - coefs[inside]) <= tok.width_rad / 2 + 1e-12)
-    decoded = tok.decode(tokens)
+    decoded = tok.decode(tokens, inc[inside])
     assert decoded.shape == (inside.sum(), H, D)
     # orthonormal: the chunk's error energy per joint is the coefficients' (Parseval)
     assert np.allclose(((decoded - offsets[inside]) ** 2).sum(1),
                        ((tok.coefficients(tokens) - coefs[inside]) ** 2).sum(1))
 
 
+def test_the_departure_needs_narrower_bins_than_the_offsets(fitted):
+    """Why the departure from constant velocity is tokenized: a ramp's DCT decays slowly, so the offsets' own
+    coefficients need wider ranges (1.2-1.7x on this motion, 4-9x on the Schunk runs), and err 5x more at the first
+    step here."""
+    tok, offsets, inc = fitted
+    train, _ = smooth_offsets(np.random.default_rng(0), 5000)
+    rest = DctTokenizer(*fitted_range(dct_rad(train), 0.998), 64, about="rest")
+    assert np.all(rest.width_rad[:2] > 1.2 * tok.width_rad[:2])
+    first = lambda t, x: float(np.sqrt(np.mean((t.decode(t.encode(x, inc), inc) - x)[:, 0] ** 2)))  # noqa: E731
+    assert first(tok, offsets) < 0.3 * first(rest, offsets)
+
+
 def test_every_prefix_decodes_the_whole_horizon_within_the_bound(fitted):
-    tok, offsets = fitted
-    tokens = tok.encode(offsets)
-    coefs = dct(offsets, type=2, norm="ortho", axis=1)
+    tok, offsets, inc = fitted
+    tokens = tok.encode(offsets, inc)
+    prior = constant_velocity_rad(inc, H)
+    coefs = departure_coefficients(offsets, inc)
     inside = np.all((coefs > tok.lo_rad) & (coefs < tok.hi_rad), axis=(1, 2))
     errors = []
     for rows in range(1, H + 1):
-        decoded = tok.decode(tokens[:, :rows * D])  # no prior: completed from rest
+        decoded = tok.decode(tokens[:, :rows * D], inc)
         assert decoded.shape == offsets.shape  # the whole horizon at every prefix length
         err_sq = ((decoded - offsets) ** 2).sum(1)  # (N, D) per joint, summed over the horizon
-        assert np.all(err_sq[inside] <= tok.error_bound_sq(rows, offsets[inside]) + 1e-15), rows
-        # the verified coefficients are kept exactly, the rest completed
-        np.testing.assert_allclose(dct(decoded, type=2, norm="ortho", axis=1)[:, :rows],
+        assert np.all(err_sq[inside] <= tok.error_bound_sq(rows, offsets[inside], inc[inside]) + 1e-15), rows
+        # the verified coefficients of the departure are kept exactly, the rest filled
+        np.testing.assert_allclose(dct(decoded - prior, type=2, norm="ortho", axis=1)[:, :rows],
                                    tok.coefficients(tokens[:, :rows * D])[:, :rows], atol=1e-12)
         errors.append(np.sqrt(err_sq.mean()))
     assert errors[0] > 3 * errors[-1]  # each row refines the chunk: coarse first
@@ -70,29 +89,53 @@ def test_tokens_are_coefficient_major():
     coefs = np.zeros((H, D))
     coefs[0, 1] = 0.5  # coefficient 0 of joint 1
     coefs[2, 0] = -0.5  # coefficient 2 of joint 0
-    offsets = np.asarray(dct(coefs, type=3, norm="ortho", axis=0))  # the inverse DCT-II
-    tokens = tok.encode(offsets)
+    inc = np.array([0.01, -0.02, 0.03])
+    offsets = np.asarray(dct(coefs, type=3, norm="ortho", axis=0)) + constant_velocity_rad(inc, H)  # inverse DCT-II
+    tokens = tok.encode(offsets, inc)
     mid = 32  # the bin holding 0
     expected = np.full(H * D, mid)
     expected[0 * D + 1] = mid + 16  # 0.5 / (2 / 64) bins above lo + 1
     expected[2 * D + 0] = mid - 16
     assert tokens.tolist() == expected.tolist()
     assert tok.bin_of(0.5, 0, 1) == mid + 16 and np.isclose(tok.centers_rad(mid + 16, 0, 1), 0.5 + 1 / 64)
-    # one row decodes coefficient 0 only: with no prior, the least-acceleration chunk from rest with that mean (a
-    # ramp up from the observation, not the flat line at the mean that zero coefficients would give)
-    first = tok.decode(tokens[:D])
+    # one row decodes coefficient 0 only: the least-acceleration departure with that mean (a ramp up from the
+    # observation, not the flat line at the mean that zero coefficients would give)
+    first = tok.decode(tokens[:D], np.zeros(D))
     assert first.shape == (H, D) and np.isclose(first[:, 1].mean() * np.sqrt(H), tok.centers_rad(mid + 16, 0, 1))
     assert 0 < first[0, 1] < first[-1, 1] and np.all(np.diff(first[:, 1]) > 0)
 
 
 def test_state_dict_round_trip_and_dispatch(fitted):
-    tok, offsets = fitted
+    tok, offsets, inc = fitted
     state = json.loads(json.dumps(tok.state_dict()))  # as a manifest stores it
-    assert state["kind"] == "dct"
+    assert (state["kind"], state["about"]) == ("dct", "constant_velocity")
     back = tokenizer_from_state(state)
     assert isinstance(back, DctTokenizer) and (back.kind, back.prefix_rung) == ("dct", "coarse")
-    assert (back.horizon, back.n_joints, back.n_bins) == (H, D, 64)
-    assert back.encode(offsets).tolist() == tok.encode(offsets).tolist()
+    assert (back.horizon, back.n_joints, back.n_bins, back.about) == (H, D, 64, "constant_velocity")
+    assert back.encode(offsets, inc).tolist() == tok.encode(offsets, inc).tolist()
+    # encode_chunk / decode_chunk: the increment reaches a DCT tokenizer, a step tokenizer decodes its tokens alone
+    np.testing.assert_array_equal(decode_chunk(tok, encode_chunk(tok, offsets, inc), inc),
+                                  tok.decode(tok.encode(offsets, inc), inc))
+    step = ActionTokenizer(np.full(D, -0.05), np.full(D, 0.05), 64)
+    np.testing.assert_array_equal(decode_chunk(step, encode_chunk(step, offsets, inc), inc),
+                                  step.decode(step.encode(offsets)))
+
+
+def test_a_manifest_from_before_the_departure_decodes_as_it_did():
+    """A "dct" entry without "about" holds the offsets' own coefficients: it encodes and decodes without an
+    increment, and with one fills a prefix around the constant-velocity chunk, as it always did."""
+    offsets, inc = smooth_offsets(np.random.default_rng(3), 500)
+    lo, hi = fitted_range(dct_rad(offsets), 0.998)
+    old = tokenizer_from_state({"kind": "dct", "lo_rad": lo.tolist(), "hi_rad": hi.tolist(), "n_bins": 64})
+    assert old.about == "rest" and old.state_dict()["about"] == "rest"
+    tokens = old.encode(offsets)
+    np.testing.assert_allclose(dct(old.decode(tokens), type=2, norm="ortho", axis=1), old.coefficients(tokens),
+                               atol=1e-12)
+    np.testing.assert_allclose(old.decode(tokens, inc), old.decode(tokens), atol=1e-15)  # a full chunk: exact
+    prior = constant_velocity_rad(inc, H)
+    one = old.decode(tokens[:, :D], inc)
+    np.testing.assert_allclose(one, prior + completion_gain(H, 1) @ (old.coefficients(tokens[:, :D])[:, :1]
+                                                                     - dct_rad(prior)[:, :1]), atol=1e-12)
 
 
 def test_a_step_manifest_without_kind_loads_as_step():
@@ -106,56 +149,59 @@ def test_a_step_manifest_without_kind_loads_as_step():
 
 
 def test_bad_input_is_refused_naming_it(fitted):
-    tok, _ = fitted
+    tok, offsets, inc = fitted
     with pytest.raises(ValueError, match="multiple of n_joints"):
-        tok.decode(np.zeros(D + 1, dtype=int))
+        tok.decode(np.zeros(D + 1, dtype=int), inc[0])
     with pytest.raises(ValueError, match="up to 24"):
-        tok.decode(np.zeros(H * D + D, dtype=int))
+        tok.decode(np.zeros(H * D + D, dtype=int), inc[0])
     with pytest.raises(ValueError, match="horizon, n_joints"):
-        tok.encode(np.zeros((H - 1, D)))
+        tok.encode(np.zeros((H - 1, D)), inc[0])
+    for call in (lambda: tok.encode(offsets[0]), lambda: tok.decode(np.zeros(D, dtype=int))):
+        with pytest.raises(ValueError, match="needs the observation's last chunk-step increment"):
+            call()
+    with pytest.raises(ValueError, match="increment_rad of shape .* n_joints=3"):
+        tok.decode(np.zeros(D, dtype=int), np.zeros(D + 1))
     with pytest.raises(ValueError, match="hi_rad must exceed"):
         DctTokenizer(np.zeros((H, D)), np.zeros((H, D)))
     with pytest.raises(ValueError, match=r"\(H, D\)"):
         DctTokenizer(np.zeros(D), np.ones(D))
+    with pytest.raises(ValueError, match="about is 'velocity'"):
+        DctTokenizer(np.zeros((H, D)), np.ones((H, D)), about="velocity")
 
 
 @settings(max_examples=30, deadline=None)
-@given(st.integers(0, 2 ** 32 - 1), st.integers(1, H))
-def test_prefix_error_bound_holds_for_any_chunk_inside_the_ranges(seed, rows):
+@given(st.integers(0, 2 ** 32 - 1), st.integers(1, H), st.sampled_from(["constant_velocity", "rest"]))
+def test_prefix_error_bound_holds_for_any_chunk_inside_the_ranges(seed, rows, about):
     rng = np.random.default_rng(seed)
-    tok = DctTokenizer(-rng.uniform(0.01, 1, (H, D)), rng.uniform(0.01, 1, (H, D)), n_bins=int(rng.integers(2, 300)))
-    coefs = rng.uniform(tok.lo_rad, tok.hi_rad, (4, H, D))
-    offsets = np.asarray(dct(coefs, type=3, norm="ortho", axis=1))
-    tokens = tok.encode(offsets)
+    tok = DctTokenizer(-rng.uniform(0.01, 1, (H, D)), rng.uniform(0.01, 1, (H, D)), int(rng.integers(2, 300)), about)
+    inc = rng.normal(0, 0.2, (4, D))  # any increment
+    told = np.asarray(dct(rng.uniform(tok.lo_rad, tok.hi_rad, (4, H, D)), type=3, norm="ortho", axis=1))
+    offsets = told + (constant_velocity_rad(inc, H) if about == "constant_velocity" else 0.0)
+    tokens = tok.encode(offsets, inc)
     assert np.all((tokens >= 0) & (tokens < tok.n_bins))
-    prior = rng.normal(0, 0.5, (4, H, D))  # any prior chunk
-    for p in (None, prior):
-        err_sq = ((tok.decode(tokens[:, :rows * D], p) - offsets) ** 2).sum(1)
-        assert np.all(err_sq <= tok.error_bound_sq(rows, offsets, p) + 1e-12)
+    for i in (None, inc) if about == "rest" else (inc,):
+        err_sq = ((tok.decode(tokens[:, :rows * D], i) - offsets) ** 2).sum(1)
+        assert np.all(err_sq <= tok.error_bound_sq(rows, offsets, i) + 1e-12)
 
 
 def test_a_coarse_chunk_is_right_where_the_arm_acts(fitted):
-    """One row of coefficients completed around the constant-velocity chunk starts on the arm's motion: its first
-    step is as good as constant velocity's (the old rule, zeros past the prefix, was a flat line at the chunk's mean,
-    far off at the first step), and every further row keeps it there while refining the whole horizon."""
-    tok, _ = fitted
-    offsets, inc = smooth_offsets(np.random.default_rng(2), 2000, increments=True)
-    tokens, prior = tok.encode(offsets), constant_velocity_rad(inc, H)
+    """One row of coefficients starts on the arm's motion: its first step is as good as constant velocity's (zeros
+    past the prefix of the offsets' own DCT would be a flat line at the chunk's mean, far off at the first step),
+    and every further row keeps it there while refining the whole horizon."""
+    tok, offsets, inc = fitted
+    tokens, prior = tok.encode(offsets, inc), constant_velocity_rad(inc, H)
     rmse = lambda x, h=slice(None): float(np.sqrt(np.mean((x - offsets)[:, h] ** 2)))  # noqa: E731
-    zero_fill = np.asarray(dct(np.concatenate([tok.coefficients(tokens[:, :D])[:, :1], np.zeros((2000, H - 1, D))],
-                                              axis=1), type=3, norm="ortho", axis=1))
-    one = tok.decode(tokens[:, :D], prior)
-    assert rmse(one, 0) < 0.2 * rmse(zero_fill, 0) and rmse(one) < 0.5 * rmse(zero_fill)
+    flat = np.repeat(offsets.mean(1, keepdims=True), H, axis=1)  # the offsets' own coefficient 0 alone, exact
+    one = tok.decode(tokens[:, :D], inc)
+    assert rmse(one, 0) < 0.2 * rmse(flat, 0) and rmse(one) < 0.5 * rmse(flat)
     assert rmse(one, 0) <= 1.05 * rmse(prior, 0)
-    errors = [rmse(tok.decode(tokens[:, :r * D], prior)) for r in range(1, H + 1)]
+    errors = [rmse(tok.decode(tokens[:, :r * D], inc)) for r in range(1, H + 1)]
     assert errors[0] < 0.2 * rmse(prior) and errors[-1] < 0.5 * errors[0]
-    # all H rows: the inverse DCT whatever the prior (a full chunk is exactly the target's)
-    full = tok.decode(tokens, prior)
-    np.testing.assert_allclose(full, tok.decode(tokens), atol=1e-15)
-    np.testing.assert_allclose(full, dct(tok.coefficients(tokens), type=3, norm="ortho", axis=1), atol=1e-15)
-    # the runtime's decode: the constant-velocity prior of the observation's last increment
-    np.testing.assert_allclose(decode_chunk(tok, tokens[:, :2 * D], inc), tok.decode(tokens[:, :2 * D], prior))
-    assert completion_gain(H, 0).shape == (H, 0) and np.array_equal(tok.decode(tokens[:, :0], prior), prior)
+    # all H rows: the prior plus the inverse DCT of the departure (a full chunk is exactly the target's)
+    np.testing.assert_allclose(tok.decode(tokens, inc), prior + dct(tok.coefficients(tokens), type=3, norm="ortho",
+                                                                     axis=1), atol=1e-15)
+    # no row: the constant-velocity chunk itself (the draft rung, the kinematic drafter's chunk)
+    assert completion_gain(H, 0).shape == (H, 0) and np.array_equal(tok.decode(tokens[:, :0], inc), prior)
 
 
 def test_load_policy_refuses_a_tokenizer_that_does_not_fit_the_config(tmp_path):

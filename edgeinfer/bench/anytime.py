@@ -11,8 +11,9 @@ held-out Schunk runs (measurement numbers n % 5 == 1, the split of both policies
     verdict   issue 20's "done when", computed: wherever the step policy sends partial chunks, the DCT policy
               holds fewer ticks and commands a lower action RMSE; its full-chunk RMSE is within 10 % of the step's
 
-A prefix of n tokens decodes to the whole horizon H for DCT tokens (the missing coefficients completed around the
-constant-velocity chunk of the window's last increment q - q_prev, as the runtime does: engines/dct_tokenizer.py)
+A prefix of n tokens decodes to the whole horizon H for DCT tokens (a departure from the constant-velocity chunk of
+the window's last increment q - q_prev, the missing coefficients filled as the runtime does:
+engines/dct_tokenizer.py)
 and to n / D steps for step tokens; past its last step, the step chunk is held at that step (what the control
 loop commands once a chunk ends and no other chunk covers the tick: its last target; control/command.py). The RMSE
 is then over every (window, step, joint) of the horizon, for both tokenizers alike, and at the first step alone.
@@ -35,9 +36,9 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from edgeinfer.bench.anytime_replays import conditions, pooled, replay_once
 from edgeinfer.bench.report import check_output
-from edgeinfer.engines.dct_tokenizer import decode_chunk
 from edgeinfer.engines.drafters import DEFAULT_DRAFT, make_drafter
 from edgeinfer.engines.paths import DCT_DRAFT, DCT_POLICY, DEFAULT_POLICY
+from edgeinfer.engines.tokenizer import decode_chunk, encode_chunk
 
 SCHEMA = "edgeinfer.bench.anytime/1"
 POLICIES = ("step", "dct")
@@ -96,7 +97,7 @@ class AnytimeConfig:
 
 def whole_horizon(tokenizer, tokens: np.ndarray, horizon: int, increment_rad: np.ndarray) -> np.ndarray:
     """Offsets (N, H, D) rad of token prefixes (N, n), n a multiple of D, for windows whose last chunk-step
-    increment q - q_prev is increment_rad (N, D): the runtime's decode (engines/dct_tokenizer.decode_chunk), and a
+    increment q - q_prev is increment_rad (N, D): the runtime's decode (engines/tokenizer.decode_chunk), and a
     shorter (step) decode held at its last step up to `horizon` (the control loop's hold; module docstring)."""
     traj = decode_chunk(tokenizer, tokens, increment_rad)
     short = horizon - traj.shape[-2]
@@ -133,11 +134,12 @@ def curve_windows(policy, data_dir: Path | None, n: int | None) -> tuple[np.ndar
 def curve_section(policy, feats: np.ndarray, offsets: np.ndarray) -> dict:
     """The anytime curves of one policy: greedy (decoding and quantisation) and tokenizer (quantisation alone)."""
     from edgeinfer.engines.evaluate import greedy_tokens  # torch: imported by the run, not by --help
+    from edgeinfer.engines.policy import feature_increment
 
-    tok, d = policy.tokenizer, policy.cfg.n_joints
-    increment = feats[:, 2 * d:3 * d]  # raw features: q, qd, q - q_prev (engines/policy.observation_features)
+    tok = policy.tokenizer
+    increment = feature_increment(feats)
     return {"greedy": anytime_curve(tok, greedy_tokens(policy, feats), offsets, increment),
-            "tokenizer": anytime_curve(tok, tok.encode(offsets), offsets, increment)}
+            "tokenizer": anytime_curve(tok, encode_chunk(tok, offsets, increment), offsets, increment)}
 
 
 def spec_section(policy, draft: Path, cfg: AnytimeConfig, console: Console) -> dict:

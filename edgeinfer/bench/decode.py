@@ -19,6 +19,7 @@ import numpy as np
 
 from edgeinfer.core.clock import now_ns
 from edgeinfer.core.wire import Observation
+from edgeinfer.engines.tokenizer import encode_chunk
 from edgeinfer.node.runtime import PolicyRuntime, RuntimeConfig
 
 
@@ -74,11 +75,11 @@ def observations(feats: np.ndarray, n_joints: int) -> list[Observation]:
     return [Observation(i, 0, f[:d].copy(), f[d:2 * d].copy(), f[:d] - f[2 * d:3 * d]) for i, f in enumerate(feats)]
 
 
-def chunk_tokens(runtime: PolicyRuntime, steps_rad: np.ndarray) -> np.ndarray:
+def chunk_tokens(runtime: PolicyRuntime, steps_rad: np.ndarray, increment_rad: np.ndarray) -> np.ndarray:
     """(H*D,) int64 tokens behind a chunk's steps (H+1, D), row 0 the observed q: the tokenizer's encoding of its
     offsets, which gives back the decoded tokens of a full chunk of either kind (decoded values are bin centres).
-    A step chunk cut short gives its verified steps' tokens; a coarse DCT chunk, its rows then the zero bins."""
-    return runtime.policy.tokenizer.encode(steps_rad[1:] - steps_rad[0]).reshape(-1)
+    A step chunk cut short gives its verified steps' tokens. increment_rad (D,): the observation's q - q_prev."""
+    return encode_chunk(runtime.policy.tokenizer, steps_rad[1:] - steps_rad[0], increment_rad).reshape(-1)
 
 
 def open_runtime(cfg: RuntimeConfig, warmup_obs: list[Observation]) -> PolicyRuntime:
@@ -107,7 +108,7 @@ def single_stream(runtime: PolicyRuntime, obs: list[Observation], offsets_rad: n
         out["ms_per_token"][i] = chunk_ns / 1e6 / max(chunk.tokens, 1)
         out["passes_per_token"][i] = chunk.target_passes / max(chunk.tokens, 1)
         incomplete += chunk.rung != "full"
-        tokens.append(chunk_tokens(runtime, chunk.steps_rad))
+        tokens.append(chunk_tokens(runtime, chunk.steps_rad, o.q_rad - o.q_prev_rad))
         errs.append(chunk.steps_rad[1:] - o.q_rad - offsets_rad[i])
     out["tokens"] = np.array(tokens)
     out["action_rmse_rad"] = float(np.sqrt(np.mean(np.square(errs))))

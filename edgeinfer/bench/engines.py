@@ -40,7 +40,8 @@ from edgeinfer.core.speculative import FixedK, speculative_decode
 from edgeinfer.engines.calibration import sample_windows
 from edgeinfer.engines.drafters import kinematic_drafter
 from edgeinfer.engines.engine import BUILDS, PRECISIONS, unavailable_reason
-from edgeinfer.engines.policy import load_policy
+from edgeinfer.engines.policy import feature_increment, load_policy
+from edgeinfer.engines.tokenizer import action_rmse_rad
 
 VERIFY_KS = (1, 2, 4, 8, 16)
 SPEC_K = 4
@@ -141,7 +142,7 @@ def measure(engine, policy, obs: np.ndarray, feats: np.ndarray, offsets: np.ndar
     out["max_abs_logit_diff"] = float(np.abs(logits - ref_logits).max())
     out["teacher_forced_agreement"] = float(np.mean(logits.argmax(-1) == ref_tokens))
     out["token_agreement"] = float(np.mean(greedy == ref_tokens))
-    out["action_rmse_rad"] = float(np.sqrt(np.mean((policy.tokenizer.decode(greedy) - offsets) ** 2)))
+    out["action_rmse_rad"] = action_rmse_rad(policy.tokenizer, greedy, feature_increment(feats), offsets)
     return out, greedy
 
 
@@ -223,8 +224,8 @@ def bench_engines(policy=None, backends=("torch", "onnxruntime", "fused"), preci
     if any(unavailable_reason(b, device) is None for b, _, _ in specs):  # else every row is an error row
         t0 = time.perf_counter()
         ref_tokens, ref_logits = reference(policy, obs, threads)
-        result["reference"]["action_rmse_rad"] = float(np.sqrt(np.mean(
-            (policy.tokenizer.decode(ref_tokens) - offsets) ** 2)))
+        result["reference"]["action_rmse_rad"] = action_rmse_rad(policy.tokenizer, ref_tokens, feature_increment(feats),
+                                                                 offsets)
         result["reference"]["seconds"] = round(time.perf_counter() - t0, 2)
     _save(result, json_out)
     for backend, precision, graphs in specs:

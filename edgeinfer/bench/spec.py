@@ -45,7 +45,8 @@ from edgeinfer.core.speculative import speculative_decode
 from edgeinfer.engines.calibration import resolve_data_dir, sample_windows
 from edgeinfer.engines.dataset import chunk_windows
 from edgeinfer.engines.drafters import make_drafter
-from edgeinfer.engines.policy import Policy, load_policy
+from edgeinfer.engines.policy import Policy, feature_increment, load_policy
+from edgeinfer.engines.tokenizer import action_rmse_rad
 from edgeinfer.logs.arm_log import list_schunk_runs, read_schunk, split_of
 
 KS = (1, 2, 3, 4, 6, 8, 12, 16)
@@ -94,9 +95,9 @@ class _Row:
     def tokens_per_s(self) -> float:
         return self.tokens / (self.ns / 1e9)
 
-    def summary(self, policy: Policy, offsets: np.ndarray, exact_by: str | None = None) -> dict:
-        tokens = np.array(self.decoded)
-        rmse = float(np.sqrt(np.mean((policy.tokenizer.decode(tokens) - offsets) ** 2)))
+    def summary(self, policy: Policy, feats: np.ndarray, offsets: np.ndarray, exact_by: str | None = None) -> dict:
+        """This row's figures; feats (N, 3D) raw and offsets (N, H, D) rad: the windows decoded, in order."""
+        rmse = action_rmse_rad(policy.tokenizer, np.array(self.decoded), feature_increment(feats), offsets)
         exact = exact_by is not None or self.identical == self.chunks
         return {"name": self.name, "tokens_per_s": round(self.tokens_per_s(), 1),
                 "target_passes_per_chunk": round(self.passes / self.chunks, 2),
@@ -225,14 +226,14 @@ def bench_spec(policy: Policy | None = None, data_dir: Path | None = None, per_r
         same_work[run] = round(run_again.tokens_per_s() / run_base.tokens_per_s(), 3)
     bar.stop()
     base.identical = base.chunks  # the reference itself
-    rows = [base.summary(policy, offsets) | {"same_work_per_run": same_work}]
+    rows = [base.summary(policy, feats, offsets) | {"same_work_per_run": same_work}]
     best = {name: max(ks, key=lambda k: fixed[(name, k)].tokens_per_s()) for name in drafters}
     best[AUTO] = max(best.items(), key=lambda nk: fixed[nk].tokens_per_s())
     for name in choices:
         row = fixed[best[name]] if name == AUTO else fixed.get((name, best.get(name)))
         if name not in (AUTO, *stressed):
-            rows.append(row.summary(policy, offsets) | {"k": best[name]})
-        rows.append(adapt[name].summary(policy, offsets) | {
+            rows.append(row.summary(policy, feats, offsets) | {"k": best[name]})
+        rows.append(adapt[name].summary(policy, feats, offsets) | {
             "vs_best_fixed": round(adapt[name].tokens_per_s() / row.tokens_per_s(), 3) if row else None,
             "probes": adaptive[name].chooser.probes - probes[name],  # a few passes each (edgeinfer.core.adaptive)
             "drafted_per_chunk": round(adapt[name].drafted / adapt[name].chunks, 2),
@@ -245,8 +246,8 @@ def bench_spec(policy: Policy | None = None, data_dir: Path | None = None, per_r
     for f, ref in zip(feats, base.decoded):
         _decode([relaxed], engine, policy, f, {"drafter": models[name]}, _fixed(k), Relaxed(1), ref, repeats)
         _decode([sampled], engine, policy, f, {"drafter": models[name]}, _fixed(k), rule, None)
-    rows.append(relaxed.summary(policy, offsets) | {"k": k})
-    rows.append(sampled.summary(policy, offsets, exact_by="chi-square test (tests/test_sampling.py)") | {"k": k})
+    rows.append(relaxed.summary(policy, feats, offsets) | {"k": k})
+    rows.append(sampled.summary(policy, feats, offsets, exact_by="chi-square test (tests/test_sampling.py)") | {"k": k})
     for r in rows:
         r["speedup"] = round(r["tokens_per_s"] / rows[0]["tokens_per_s"], 3)
     worst = min((r for r in rows if "per_run_vs_target_only" in r), key=lambda r: r["speedup"])

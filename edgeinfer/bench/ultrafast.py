@@ -43,7 +43,8 @@ from edgeinfer.engines.calibration import sample_windows
 from edgeinfer.engines.drafters import draft_path, kinematic_drafter, make_drafter
 from edgeinfer.engines.engine import BUILDS, PRECISIONS, unavailable_reason
 from edgeinfer.engines.paths import DEFAULT_POLICY, LARGE_POLICY
-from edgeinfer.engines.policy import load_policy
+from edgeinfer.engines.policy import feature_increment, load_policy
+from edgeinfer.engines.tokenizer import action_rmse_rad
 
 GOAL_RATIO = 14.0  # issue 18: an exact full chunk >= 14x faster than torch-eager target-only
 PARITY_SEED = 1  # the observations of engines.py's rows
@@ -363,7 +364,7 @@ def _row(engines: _Engines, policy, feats, offsets, stack: Stack, ref, warmup: i
             ref_tokens, ref_p50 = (tokens, figures["chunk_us_p50"]) if stack.baseline else ref
             row["vs_baseline"] = round(ref_p50 / row["chunk_us_p50"], 3)
             row["token_agreement"] = float(np.mean(tokens == ref_tokens))
-            row["action_rmse_rad"] = float(np.sqrt(np.mean((policy.tokenizer.decode(tokens) - offsets) ** 2)))
+            row["action_rmse_rad"] = action_rmse_rad(policy.tokenizer, tokens, feature_increment(feats), offsets)
             row["exact"] = row["token_agreement"] == 1.0 and not stack.rule().lossy  # relaxed: lossy by its rule
             row["label"] = "exact" if row["exact"] else "lossy"
         except Exception as e:  # one failing row is a row, not the end of the bench

@@ -26,9 +26,9 @@ from edgeinfer.core.protocols import Drafter
 from edgeinfer.core.scheduler import SchedulerConfig, TickPlanner
 from edgeinfer.core.speculative import DecodeResult, speculative_decode
 from edgeinfer.core.wire import ActionChunk, Observation, ObservationMismatch
-from edgeinfer.engines.dct_tokenizer import decode_chunk
 from edgeinfer.engines.drafters import DRAFTERS, applicable_drafters, make_drafter
 from edgeinfer.engines.paths import DEFAULT_POLICY
+from edgeinfer.engines.tokenizer import decode_chunk
 from edgeinfer.node.faults import FaultConfig
 
 DECODES = ("speculative", "target-only")
@@ -235,9 +235,10 @@ def chunk_rung(res: DecodeResult, n_tokens: int, row_tokens: int, prefix_rung: s
     """The fallback ladder (module docstring) for a decode that ended: (rung, tokens). Every token verified: full;
     at least one whole row of row_tokens: prefix_rung (the tokenizer's), cut at its last whole row; fewer: the
     verified prefix completed by `drafter` (draft); no drafter: continue, no tokens. A tokenizer that completes
-    any prefix of whole rows (prefix_rung "coarse": DCT tokens, completed around the constant-velocity chunk)
-    drafts with no token at all: its completion of no row is the constant-velocity chunk itself, which a part of
-    coefficient 0 beside the drafter's higher coefficients would shift at every step (build_chunk decodes it)."""
+    any prefix of whole rows (prefix_rung "coarse": DCT tokens, a departure from the constant-velocity chunk)
+    drafts with no token at all: no row decodes to the constant-velocity chunk itself, the kinematic drafter's
+    chunk, which a part of coefficient 0 beside another drafter's higher coefficients would shift at every step
+    (build_chunk decodes it)."""
     tokens = res.tokens
     if res.complete:
         return "full", tokens
@@ -254,7 +255,7 @@ def build_chunk(policy, obs: Observation, tokens: list[int], rung: str, step_ns:
     obs.q_rad then the rows the tokens decode to (one per whole row for step tokens, H for DCT tokens: decode_chunk);
     ready now. res: the DecodeResult behind it, for its counts (None: the tokens alone)."""
     d = policy.cfg.n_joints
-    # a DCT prefix is completed around the constant-velocity chunk of q - q_prev (engines/dct_tokenizer.py)
+    # DCT tokens are taken about the constant-velocity chunk of q - q_prev (engines/dct_tokenizer.py)
     steps = (obs.q_rad + decode_chunk(policy.tokenizer, np.array(tokens, dtype=np.int64), obs.q_rad - obs.q_prev_rad)
              if tokens or rung == "draft" else np.zeros((0, d)))
     return ActionChunk(
