@@ -8,38 +8,29 @@ stacked into (R, d_model) float64 activations and run layer by layer in ONE call
 pass, fused_engine's attention on its own slot -> proj -> LayerNorm -> exact (erf) GELU MLP, then the final
 LayerNorm and head.
 
-Batch invariance, and why it holds: each row's arithmetic is the same whatever shares the call.
-- Matrix products: one BLAS product (numba's np.dot) per block of RB = 2 rows, always of the same shapes,
-  (RB, n_in) @ (n_in, n_out); the rows are padded to a multiple of RB, so every row runs in a full block.
-  A GEMM computes each output element as its own k-sum in an order fixed by the shapes, not by the other rows'
-  values or the row's place in the block (OpenBLAS's kernels: FMAs along k per element); the bias is added
-  per element.
+Batch invariance, and why it holds: each row's arithmetic is the same whatever shares the call, and the same as
+FusedEngine's for that sequence alone, because it is FusedEngine's code:
+- Matrix products: fused_engine._linear over the call's rows, the fp32 weights in torch's layout (the single
+  engine's own array): each output element of each row is its own dot product over the row's inputs, in an order
+  fixed by n_in, four outputs at a time sharing the row's loads; no row's sum involves another row.
 - LayerNorm, attention, GELU, embeddings: per row, fused_engine's own kernels; their reductions run over the
   row's own features (LayerNorm) or its slot's positions <= its own (attention), the same code for every row.
-So a pass's logits are bit-identical alone or in any batch; tests/test_fused_batched.py checks it on held-out
-chunks (batches of 1..32, mixed slots, positions and verify lengths), on this machine's BLAS.
+So a pass's logits are bit-identical alone, in any batch, and to FusedEngine.forward for that sequence;
+tests/test_fused_batched.py checks both on held-out chunks (batches of 1..32, mixed slots, positions and verify
+lengths).
 
-Numerics, as fused_engine.py: fp32 weights widened exactly to float64, float64 activations, sums and KV cache,
-logits rounded to float32: the model's logits in exact arithmetic up to float32 rounding, so greedy tokens
-equal torch fp32's unless a top-2 margin falls below torch fp32's own rounding error (~5e-5), and equal
-FusedEngine's (same arithmetic but the matrix products' summation order: ~1e-16 relative). Float32 would run
-the matrix products ~2x faster (sgemm ~40 GFMA/s against dgemm ~20 here) but flip near-tie tokens against
-torch fp32 and against the single-sequence FusedEngine that serves a robot without batching; float64 keeps a
-robot's tokens the same in every configuration.
+Numerics, as fused_engine.py: fp32 weights widened exactly in float64 arithmetic, float64 activations, sums and
+KV cache, logits rounded to float32: the model's logits in exact arithmetic up to float32 rounding, so greedy
+tokens equal torch fp32's unless a top-2 margin falls below torch fp32's own rounding error (~5e-5).
 
 KV cache (n_slots, 2, n_layers, n_heads, seq_len, head_dim) float64: slot s is FusedEngine's cache, written by
 position (rollback is a no-op). Work buffers are preallocated for every slot's full sequence in one call.
 
-Cost per sequence-pass, thread CPU time p10, default Schunk policy, one thread, measured UNDER LOAD (load
-average ~5 on the 2-core VM; two runs, out/fusedbatch/bench.py; FusedEngine single in the same runs: 19 us at
-T = 1, 77-78 us at T = 5):
-    B            1      2      4      8     16     32     64
-    T = 1 (us)  23-27  13-16  13-15  14-16  16-19  18-21  18-21
-    T = 5 (us)  63-75  61-66  68-75  77-85  76-91  76-89  77-89
-Batching shares the matrix products' weight loads; a row's own work stays (GELU's erf, attention and its exps:
-~5-9 us of the ~12-18), and at 16+ slots the float64 KV caches (~100 kB a slot) outgrow the L2 cache.
-BLAS threads: the default policy's blocks are below OpenBLAS's threading threshold (one thread); a larger
-policy may let OpenBLAS use its threads (OPENBLAS_NUM_THREADS=1 keeps one), which splits outputs, not sums.
+Cost: batching shares the Python and call overhead of a pass, not its arithmetic (the kernel is compute-bound per
+row: matrix products, GELU's erf, attention). An earlier version ran the matrix products as one BLAS call per
+block of 2 rows; OpenBLAS re-packed the whole weight matrix for every block, and a sequence cost twice its
+single-engine cost (1.6-2.0 ms per robot per 48-token chunk at B = 8-16 against 0.9 ms, AMD EPYC VM, under
+load); with fused_engine._linear it costs 0.78-0.96 ms (docs/fleet.md).
 """
 from __future__ import annotations
 
@@ -51,37 +42,7 @@ import numpy as np
 from edgeinfer.core.protocols import Pass
 from edgeinfer.engines import fused_engine as fe
 
-RB = 2  # rows per matrix-product block (one BLAS call, always this shape); a call's rows are padded to RB
-_LINEAR = (fe.QKV_W, fe.PROJ_W, fe.FC1_W, fe.FC2_W)  # per-layer matrices, stored transposed (n_in, n_out)
-
 _kernel = fe._kernel  # njit with the on-disk cache, fused_engine's flags
-
-
-def _pack_transposed(state: dict, n_layers: int) -> tuple[np.ndarray, np.ndarray]:
-    """fused_engine._pack's flat weights (same offsets) as float64, every nn.Linear weight transposed to
-    (n_in, n_out), so that a matrix product streams contiguous output blocks."""
-    w32, off = fe._pack(state, n_layers)
-    w = w32.astype(np.float64)
-    per_layer = [fe.N_GLOBAL + layer * fe.N_LAYER + i for layer in range(n_layers) for i in _LINEAR]
-    linear = [fe.OBS_W, fe.HEAD_W] + per_layer
-    for i in linear:
-        n_out = off[i + 2] - off[i + 1]  # the bias's length
-        w[off[i]:off[i + 1]] = w[off[i]:off[i + 1]].reshape(n_out, -1).T.ravel()
-    return w, off
-
-
-@_kernel
-def _linear(x, rows, w, off, wi, y):
-    """y[:rows] = x[:rows] @ W.T + b, rows a multiple of RB: W.T (n_in, n_out) is tensor wi of the flat
-    weights, b (n_out,) tensor wi + 1. One BLAS product per block of RB rows: the same shapes every time."""
-    n_in, n_out = x.shape[1], y.shape[1]
-    wt = w[off[wi]:off[wi + 1]].reshape((n_in, n_out))
-    b = w[off[wi + 1]:off[wi + 2]]
-    for r in range(0, rows, RB):
-        np.dot(x[r:r + RB], wt, y[r:r + RB])
-        for q in range(r, r + RB):
-            for o in range(n_out):
-                y[q, o] += b[o]
 
 
 @_kernel
@@ -92,7 +53,6 @@ def _batch_pass(w, off, dims, eps, kv, x, h, qkv, att, mlp, out, scores, obs, po
     position 0 (a prefill) embeds obs[k]. pos: work buffer, each row's position."""
     d, n_heads, n_layers, n_bins = dims[fe.D_MODEL], dims[fe.D_HEADS], dims[fe.D_LAYERS], dims[fe.D_BINS]
     n_passes, rows = len(slots), logits.shape[0]
-    padded = (rows + RB - 1) // RB * RB
     n_pre = 0
     for i in range(n_passes):
         n_pre += starts[i] == 0
@@ -100,13 +60,10 @@ def _batch_pass(w, off, dims, eps, kv, x, h, qkv, att, mlp, out, scores, obs, po
             pos[r] = starts[i] + r - first[i]
             if pos[r] > 0 and (tok[r] < 0 or tok[r] >= n_bins):
                 raise ValueError("fused batched engine: token id out of range 0..n_bins-1")
-    if n_pre > 0:  # the observation embeddings (obs_proj), in padded blocks of prefill rows
-        _linear(obs, (n_pre + RB - 1) // RB * RB, w, off, fe.OBS_W, h)
+    if n_pre > 0:  # the observation embeddings (obs_proj) of the prefill rows
+        fe._linear(obs, n_pre, w, off, fe.OBS_W, h)
     k = 0
-    for r in range(padded):
-        if r >= rows:
-            x[r, :] = 0.0  # padding: finite, never read back
-            continue
+    for r in range(rows):
         if pos[r] == 0:
             x[r, :] = h[k]
             k += 1
@@ -117,27 +74,27 @@ def _batch_pass(w, off, dims, eps, kv, x, h, qkv, att, mlp, out, scores, obs, po
             x[r, o] += w[pe + o]
     for layer in range(n_layers):
         lw = fe.N_GLOBAL + layer * fe.N_LAYER  # this layer's first tensor index (fused_engine._pack's order)
-        fe._layer_norm(x, padded, w, off, lw + fe.LN1_W, eps, h)
-        _linear(h, padded, w, off, lw + fe.QKV_W, qkv)
+        fe._layer_norm(x, rows, w, off, lw + fe.LN1_W, eps, h)
+        fe._linear(h, rows, w, off, lw + fe.QKV_W, qkv)
         for i in range(n_passes):  # each pass on its own slot: fused_engine's attention, row by row
             a, b = first[i], first[i + 1]
             fe._attention(qkv[a:b], b - a, pos[a], layer, n_heads, kv[slots[i]], scores, att[a:b])
-        _linear(att, padded, w, off, lw + fe.PROJ_W, h)
+        fe._linear(att, rows, w, off, lw + fe.PROJ_W, h)
         for r in range(rows):
             for o in range(d):
                 x[r, o] += h[r, o]
-        fe._layer_norm(x, padded, w, off, lw + fe.LN2_W, eps, h)
-        _linear(h, padded, w, off, lw + fe.FC1_W, mlp)
-        for r in range(padded):
+        fe._layer_norm(x, rows, w, off, lw + fe.LN2_W, eps, h)
+        fe._linear(h, rows, w, off, lw + fe.FC1_W, mlp)
+        for r in range(rows):
             for o in range(mlp.shape[1]):  # nn.GELU(): the exact, erf form
                 v = mlp[r, o]
                 mlp[r, o] = 0.5 * v * (1.0 + math.erf(v * 0.7071067811865476))
-        _linear(mlp, padded, w, off, lw + fe.FC2_W, h)
+        fe._linear(mlp, rows, w, off, lw + fe.FC2_W, h)
         for r in range(rows):
             for o in range(d):
                 x[r, o] += h[r, o]
-    fe._layer_norm(x, padded, w, off, fe.LNF_W, eps, h)
-    _linear(h, padded, w, off, fe.HEAD_W, out)
+    fe._layer_norm(x, rows, w, off, fe.LNF_W, eps, h)
+    fe._linear(h, rows, w, off, fe.HEAD_W, out)
     for r in range(rows):
         for o in range(n_bins):
             logits[r, o] = np.float32(out[r, o])
@@ -194,14 +151,14 @@ class BatchedFusedEngine:
         c = self.cfg = single.cfg
         self.precision, self.device, self.n_slots = precision, device, n_slots
         self._eps, self._dims = single._eps, single._dims
-        self._w, self._off = _pack_transposed(model.state_dict(), c.n_layers)
+        self._w, self._off = single._w, single._off  # fp32, torch's layout: the single engine's own
         d, s, hd = c.d_model, c.seq_len, c.d_model // c.n_heads
         self._kv = np.zeros((n_slots, 2, c.n_layers, c.n_heads, s, hd))  # float64, written by position
-        rows = (n_slots * s + RB - 1) // RB * RB  # every slot's full sequence in one call, padded
+        rows = n_slots * s  # every slot's full sequence in one call
         # x, LayerNorm out / residual branch, qkv, attention, MLP hidden, head out, attention scores
         self._work = (np.zeros((rows, d)), np.zeros((rows, d)), np.zeros((rows, 3 * d)), np.zeros((rows, d)),
                       np.zeros((rows, 4 * d)), np.zeros((rows, c.n_bins)), np.zeros(s))
-        self._obs = np.zeros(((n_slots + RB - 1) // RB * RB, c.obs_dim))  # float32-rounded, as torch casts
+        self._obs = np.zeros((n_slots, c.obs_dim))  # float32-rounded, as torch casts
         self._pos = np.zeros(rows, np.int64)
 
     @classmethod

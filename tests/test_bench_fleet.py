@@ -114,7 +114,11 @@ def _fake_measure(capacity: dict, interrupt_at: tuple | None = None):
 
 def test_the_run_measures_every_ladder_and_computes_d_over_a(tmp_path):
     cfg = FleetBenchConfig(json=tmp_path / "fleet.json", out=tmp_path / "out", max_robots=32)
-    res = run_fleet(cfg, command=["x"], measure=_fake_measure({"a": 2, "b": 4, "c": 4, "d": 16, "e": 32}))
+    waits = []
+    res = run_fleet(cfg, command=["x"], measure=_fake_measure({"a": 2, "b": 4, "c": 4, "d": 16, "e": 32}),
+                    wait=lambda max_s: waits.append(max_s) or {"settle_s": 0.5, "quiet": True})
+    assert waits == [cfg.settle_max_s] * len(res["points"])  # before every point
+    assert all(p["settle_s"] == 0.5 and p["quiet"] for p in res["points"])
     assert json.loads((tmp_path / "fleet.json").read_text())["headline"] == res["headline"]
     assert (tmp_path / "fleet.png").stat().st_size > 0 and not res["interrupted"]
     assert {c: res["headline"][c]["sync"]["robots_served"] for c in CONFIGURATIONS} == {"a": 2, "b": 4, "c": 4,
@@ -127,7 +131,8 @@ def test_the_run_measures_every_ladder_and_computes_d_over_a(tmp_path):
 
 def test_ctrl_c_keeps_the_points_measured(tmp_path):
     cfg = FleetBenchConfig(json=tmp_path / "fleet.json", out=tmp_path / "out", configs=["a", "d"])
-    res = run_fleet(cfg, command=["x"], measure=_fake_measure({"a": 2, "d": 16}, interrupt_at=("d", "sync", 4)))
+    res = run_fleet(cfg, command=["x"], measure=_fake_measure({"a": 2, "d": 16}, interrupt_at=("d", "sync", 4)),
+                    wait=lambda s: {})
     saved = json.loads((tmp_path / "fleet.json").read_text())
     assert saved["interrupted"] and res["interrupted"]
     assert [(p["config"], p["phase"], p["robots_requested"]) for p in saved["points"]][-3:] == [
@@ -145,7 +150,7 @@ def test_a_replay_that_fails_is_a_failed_point_and_the_bench_goes_on(tmp_path, c
         return _point(n)
 
     cfg = FleetBenchConfig(out=tmp_path, configs=["a", "d"], phases=["sync"], max_robots=4)
-    res = run_fleet(cfg, command=["x"], measure=measure)
+    res = run_fleet(cfg, command=["x"], measure=measure, wait=lambda s: {})
     a = [p for p in res["points"] if p["config"] == "a"]
     assert [p["robots_requested"] for p in a] == [1, 2] and all(not p["passed"] and p["breaks"] for p in a)
     assert a[0]["error"] == "RuntimeError: runtime process exited with code 1 during start-up"
@@ -253,3 +258,11 @@ def test_the_plan_bounds_the_points_and_the_ladder_is_the_one_next_robots_walks(
     assert [p["robots_requested"] for p in _ladder(lambda n: _point(n), max_robots=12)] == ladder(12)
     line = plan_line(FleetBenchConfig(duration_s=6.0, max_robots=32))
     assert "at most 60 points of 6 s, about 15 min" in line  # 5 configs x 2 phases x 6 steps x (6 + 9) s
+
+
+def test_settle_gives_up_after_its_longest_wait():
+    from edgeinfer.bench.fleet import settle
+
+    assert settle(0.0) == {"settle_s": 0.0, "cpu_busy_pct": 100.0, "quiet": False}  # no wait: not known quiet
+    got = settle(1.5)  # one or two one-second samples: never more than max_s plus one sample
+    assert got["settle_s"] <= 3.0 and 0.0 <= got["cpu_busy_pct"] <= 100.0

@@ -39,6 +39,10 @@ from edgeinfer.engines.paths import DEFAULT_POLICY
 SCHEMA = "edgeinfer.bench.fleet/1"
 PHASES = ("sync", "staggered")
 POINT_OVERHEAD_S = 9.0  # start-up and teardown of a point beside its replay (measured on the 2-core VM, loaded)
+# A point starts once the CPUs were at most QUIET_BUSY_PCT busy for QUIET_SECONDS seconds in a row (psutil), so that
+# the point before it (up to 32 runtime processes and their robots) has left the cores: on the 2-core VM the
+# runtimes of a 32-robot point took ~2 minutes to leave, and the points measured meanwhile broke at 1 robot.
+QUIET_BUSY_PCT, QUIET_SECONDS = 25.0, 2
 
 
 @dataclass
@@ -57,6 +61,9 @@ class FleetBenchConfig:
     max_robots: int = 32
     configs: list[str] = field(default_factory=lambda: list(CONFIGURATIONS))  # configurations measured (a b c d e)
     phases: list[str] = field(default_factory=lambda: list(PHASES))  # phase patterns measured (sync staggered)
+    # Before each point, wait at most this long for the CPUs to be quiet (QUIET_BUSY_PCT), s; the point records
+    # the wait and how busy the CPUs were when it started.
+    settle_max_s: float = 120.0
 
     def __post_init__(self):
         self.out = Path(self.out)
@@ -70,13 +77,27 @@ class FleetBenchConfig:
                 raise ValueError(f"FleetBenchConfig.{name} must be distinct names from {list(known)}, got {value}")
 
 
+def settle(max_s: float) -> dict:
+    """Wait until the CPUs were at most QUIET_BUSY_PCT busy (psutil.cpu_percent, all cores) for QUIET_SECONDS
+    one-second samples in a row, at most max_s seconds. Returns {"settle_s": the wait, s, "cpu_busy_pct": the
+    last sample, %, "quiet": whether the CPUs got quiet}."""
+    import psutil
+
+    t0, quiet, busy = time.monotonic(), 0, 100.0
+    while quiet < QUIET_SECONDS and time.monotonic() - t0 < max_s:
+        busy = psutil.cpu_percent(interval=1.0)
+        quiet = quiet + 1 if busy <= QUIET_BUSY_PCT else 0
+    return {"settle_s": round(time.monotonic() - t0, 1), "cpu_busy_pct": busy, "quiet": quiet >= QUIET_SECONDS}
+
+
 def run_fleet(cfg: FleetBenchConfig, console: Console | None = None, command: list[str] | None = None,
-              measure=None) -> dict:
+              measure=None, wait=settle) -> dict:
     """Every ladder (module docstring), one progress line per point; returns the result (schema SCHEMA) and writes
     it to cfg.json and the plot next to it when set. Ctrl-C (KeyboardInterrupt) stops the bench: the result keeps
     the points measured, "interrupted" true. measure(cfg, config, phase, n, out) -> point: one fleet replay
     (default edgeinfer.bench.fleet_points.measure_point); one that raises RuntimeError, TimeoutError or OSError is
-    a failed point (failed_point). Raises FileNotFoundError for a missing policy, and what else a fleet replay
+    a failed point (failed_point). wait(max_s) -> dict runs before each point (default settle: the CPUs quiet)
+    and its dict is recorded in the point. Raises FileNotFoundError for a missing policy, and what else a fleet replay
     raises (LogError: the logs cannot be served)."""
     from edgeinfer.bench.fleet_report import point_line, write_plot
 
@@ -98,12 +119,13 @@ def run_fleet(cfg: FleetBenchConfig, console: Console | None = None, command: li
                 ladder: list[dict] = []
                 while (n := next_robots(ladder, cfg.max_robots)) is not None:
                     out = cfg.out / conf / phase / f"n{n}"
+                    before = wait(cfg.settle_max_s)
                     p0 = time.perf_counter()
                     try:
                         point = measure(cfg, conf, phase, n, out)
                     except (RuntimeError, TimeoutError, OSError) as e:  # a process died or hung: this point failed
                         point = failed_point(n, e)
-                    point = {"config": conf, "phase": phase, **point, "passed": passes(point),
+                    point = {"config": conf, "phase": phase, **point, **before, "passed": passes(point),
                              "breaks": breaks(point), "seconds": round(time.perf_counter() - p0, 1), "out": str(out)}
                     ladder.append(point)
                     result["points"].append(point)

@@ -30,6 +30,8 @@ def point_line(p: dict) -> str:
                f"p99 {_ms((p.get('latency_ms') or {}).get('p99'))} ms"]
     bad = p.get("process_failures") or {}
     figures += [f"exit code {code} from {name}" for name, code in bad.items()]
+    if p.get("quiet") is False:  # the CPUs were still busy when it started (bench/fleet.settle gave up)
+        figures.append(f"started with the CPUs {p['cpu_busy_pct']:.0f} % busy after {p['settle_s']:.0f} s")
     return f"{head} {', '.join(figures)}: {'passes' if p.get('passed') else 'BREAKS'} ({p['seconds']:.0f} s)"
 
 
