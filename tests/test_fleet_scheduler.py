@@ -226,8 +226,8 @@ def test_target_only_rows_on_the_batched_fused_engine_give_each_robots_own_token
     calls = []
     runs = engine.greedy_runs
     engine.greedy_runs = lambda r: (calls.append([m for *_, m in r]), runs(r))[1]
-    sched = FleetScheduler(FleetPolicy(adaptive_k=False, k=0, deadline_cut=False), engine, policy.cfg.n_tokens,
-                           policy.cfg.n_joints)
+    sched = FleetScheduler(FleetPolicy(adaptive_k=False, k=0, deadline_cut=False, call_ms=0.0), engine,
+                           policy.cfg.n_tokens, policy.cfg.n_joints)
     reqs = [_request(policy, held_out, i, Clock(), drafter=False) for i in range(4)]
     sched.submit(reqs[0])
     sched.step()  # robot 0's prefill alone: it runs a row ahead of the others
@@ -239,3 +239,31 @@ def test_target_only_rows_on_the_batched_fused_engine_give_each_robots_own_token
     alone = FusedEngine(policy.model)
     for i, r in enumerate(reqs):
         assert r.decode.res.tokens == alone.greedy_chunk(_robot_obs(policy, held_out, i)[3]), i
+
+
+def test_rows_run_several_to_a_call_within_call_ms_and_every_deadline(policy, held_out):
+    """A lone robot's target-only chunk: one call for every row after its prefill when call_ms allows it (a
+    scheduler iteration per row is Python the robot waits for); a row per call with call_ms 0; a short call_ms
+    or a tight deadline stops at a row boundary. The tokens are the same every way."""
+    from edgeinfer.engines.batched import open_batched
+    from edgeinfer.engines.fused_engine import FusedEngine
+
+    d, n = policy.cfg.n_joints, policy.cfg.n_tokens
+    want = FusedEngine(policy.model).greedy_chunk(_robot_obs(policy, held_out, 0)[3])
+    clock = Clock()  # frozen: the deadlines are what the test says, whatever this machine's speed
+    for call_ms, deadline_ms, rows in ((2.0, 1000.0, [n - 1]), (0.0, 1000.0, [d - 1] + [d] * (n // d - 1)),
+                                       (0.6, 1000.0, [d - 1 + 2 * d, 2 * d, 2 * d, d]),  # 17 passes fit 0.6 ms
+                                       (2.0, 1.6, [d - 1 + 6 * d, d])):  # 45 passes fit the deadline
+        engine = open_batched(policy, "fused", 1)
+        calls, runs = [], engine.greedy_runs
+        engine.greedy_runs = lambda r, runs=runs, calls=calls: (calls.append(r[0][3]), runs(r))[1]
+        sched = FleetScheduler(FleetPolicy(adaptive_k=False, k=0, deadline_cut=False, call_ms=call_ms, margin_ms=0.0,
+                                           quantile=0.5), engine, n, d, clock=clock)
+        sched.costs.record(1, 1, 35_000)  # 35 us a pass, as measured: 17 passes fit 0.6 ms, 45 fit 1.6 ms
+        sched.costs.record = lambda *a: None  # keep it: the real calls' own costs would move the plan
+        req = _request(policy, held_out, 0, clock, deadline_ms=deadline_ms, drafter=False)
+        sched.submit(req)
+        while sched.busy():
+            sched.step()
+        assert calls == rows, (call_ms, deadline_ms)
+        assert req.decode.res.tokens == want and req.decode.done

@@ -68,6 +68,10 @@ class FleetPolicy:
     max_batch: int = 64  # the most sequences in one pass
     quantile: float = 0.99  # quantile of the measured pass costs that deadlines and admission are planned on
     margin_ms: float = 0.5  # kept free at the end of each budget for encoding and sending the chunk, ms
+    # Target-only rows run several to an engine call, as many as keep the call within this many ms at the median pass
+    # cost and every deadline: a scheduler iteration costs ~0.3 ms of Python (a lone robot's chunk in one call, not
+    # nine), and a chunk that arrives meanwhile joins after the call (so this bounds its wait); 0: a row per call
+    call_ms: float = 2.0
 
     def __post_init__(self):
         if self.order not in ORDERS:
@@ -82,6 +86,8 @@ class FleetPolicy:
             raise ValueError(f"FleetPolicy.quantile must be in [0.5, 1], got {self.quantile}")
         if self.margin_ms < 0:
             raise ValueError(f"FleetPolicy.margin_ms must be >= 0, got {self.margin_ms}")
+        if not 0 <= self.call_ms <= 1000:
+            raise ValueError(f"FleetPolicy.call_ms must be in [0, 1000], got {self.call_ms}")
 
 
 class PassCosts:
@@ -238,13 +244,14 @@ class FleetScheduler:
         self.batch_sizes[len(batch)] += 1
         self.passes += 1
 
-    def _rows(self, batch: list[Request], run: Callable, record: bool = True) -> None:
+    def _rows(self, batch: list[Request], run: Callable, record: bool = True, grow: bool = True) -> None:
         """Target-only greedy passes, each sequence to the end of its current row, in ONE engine call
         (BatchedEngine.greedy_runs): the same tokens as pass by pass, without a scheduler iteration per pass. The
-        deadline check ran for the row (_cut); a new chunk joins at the next call, a row (~D passes) later. One
-        cost sample: the call's duration per pass."""
+        deadline check ran for the row (_cut); with grow, more whole rows while they fit (_more_rows); a new chunk
+        joins at the next call. One cost sample: the call's duration per pass."""
         t0 = self.clock()
         ms = [min(self.row_tokens - r.decode.n % self.row_tokens, r.decode.n_tokens - r.decode.n) for r in batch]
+        ms = self._more_rows(batch, ms) if grow else ms
         tokens = run([(r.slot, r.decode.n, r.decode.res.tokens[-1], m) for r, m in zip(batch, ms)])
         for r, m, new in zip(batch, ms, tokens):
             r.decode.extend(new, m)
@@ -256,6 +263,23 @@ class FleetScheduler:
         self.k_chosen[0] += top
         self.batch_sizes[len(batch)] += top
         self.passes += top
+
+    def _more_rows(self, batch: list[Request], ms: list[int]) -> list[int]:
+        """Passes per sequence for a row call, grown a whole row at a time as long as the call's longest run stays
+        within policy.call_ms at the median pass cost and every grown sequence's deadline (less the margin) holds it,
+        one pass at the planning quantile. Every call still ends at a row boundary, so a deadline cut stays at one."""
+        p = self.policy
+        per_pass = self.costs.estimate_ns(len(batch), 1, MEDIAN)
+        if p.call_ms <= 0 or per_pass <= 0:
+            return ms
+        slack = max(self.costs.estimate_ns(len(batch), 1) - per_pass, 0.0)
+        left = [r.deadline_ns - p.margin_ms * 1e6 - self.clock() for r in batch]
+        while True:
+            grown = [min(m + self.row_tokens, r.decode.n_tokens - r.decode.n) for r, m in zip(batch, ms)]
+            if grown == ms or max(grown) * per_pass > p.call_ms * 1e6 or any(
+                    g > m and g * per_pass + slack > lft for g, m, lft in zip(grown, ms, left)):
+                return ms
+            ms = grown
 
     def _join(self) -> None:
         """Waiting requests join the running batch, which is kept in the policy's order; a robot's newer chunk waits
@@ -392,7 +416,7 @@ class FleetScheduler:
                                  for s in range(b)]
                         self._pass(batch, 0, record=False)  # the prefill
                     if t == 1 and run is not None:  # target-only passes run as rows, as step() runs them
-                        self._rows(batch, run, record=i >= 0)
+                        self._rows(batch, run, record=i >= 0, grow=False)  # the cost of a row call
                     else:
                         self._pass(batch, t - 1, record=i >= 0)
         self.acceptance.clear()
