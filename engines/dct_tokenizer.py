@@ -44,6 +44,7 @@ plus verified low frequencies costs only the quantisation. docs/anytime.md has t
 from __future__ import annotations
 
 import functools
+import warnings
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -83,8 +84,11 @@ class DctTokenizer:
         """Fit from training chunk offsets (N, H, D) rad and their observations' last chunk-step increments
         q - q_prev (N, D) rad: per (k, j) the central `coverage` quantile range of the departure's coefficients,
         widened 10% (engines/bins.fitted_range, as ActionTokenizer.fit)."""
-        offsets = np.asarray(offsets_rad, dtype=np.float64)
-        departure = offsets - constant_velocity_rad(increment_rad, offsets.shape[-2])
+        offsets, increment = np.asarray(offsets_rad, dtype=np.float64), np.asarray(increment_rad, dtype=np.float64)
+        if offsets.ndim != 3 or increment.shape != (offsets.shape[0], offsets.shape[2]):
+            raise ValueError(f"DctTokenizer.fit needs offsets (N, H, D) and increments (N, D), got {offsets.shape} and "
+                             f"{increment.shape}")
+        departure = offsets - constant_velocity_rad(increment, offsets.shape[-2])
         return cls(*fitted_range(dct_rad(departure), coverage), n_bins)
 
     @property
@@ -108,17 +112,23 @@ class DctTokenizer:
         """Token (int64) of coefficient values for coefficient indices `coef` and joints `joint`, clipped."""
         return bin_index(value_rad, self.lo_rad[coef, joint], self.width_rad[coef, joint], self.n_bins)
 
-    def prior_rad(self, increment_rad: np.ndarray | None) -> np.ndarray:
+    def prior_rad(self, increment_rad: np.ndarray | None, batch: tuple[int, ...] | None = None) -> np.ndarray:
         """The constant-velocity chunk (..., H, D) rad of increments q - q_prev (..., D) rad; None: zeros (H, D),
-        allowed only with about="rest". Raises ValueError for None otherwise, or increments of another D."""
+        allowed only with about="rest". batch: the leading shape the increments must have (that of the tokens or
+        offsets they go with; None: any). Raises ValueError for None otherwise, increments of another D or batch,
+        or non-finite ones."""
         if increment_rad is None:
             if self.about != "rest":
                 raise ValueError("a DCT tokenizer about constant velocity needs the observation's last chunk-step "
                                  "increment q - q_prev (increment_rad) to encode or decode")
             return np.zeros(self.lo_rad.shape)
         increment = np.asarray(increment_rad, dtype=np.float64)
-        if increment.shape[-1:] != (self.n_joints,):
-            raise ValueError(f"increment_rad of shape {increment.shape} does not end in n_joints={self.n_joints}")
+        if increment.shape[-1:] != (self.n_joints,) or batch is not None and increment.shape[:-1] != batch:
+            want = str((*batch, self.n_joints)) if batch is not None else f"(..., {self.n_joints})"
+            raise ValueError(f"increment_rad of shape {increment.shape} does not fit {want}: one (n_joints,) "
+                             "increment per chunk")
+        if not np.all(np.isfinite(increment)):
+            raise ValueError("increment_rad must be finite")
         return constant_velocity_rad(increment, self.horizon)
 
     def encode(self, offsets_rad: np.ndarray, increment_rad: np.ndarray | None = None) -> np.ndarray:
@@ -129,15 +139,22 @@ class DctTokenizer:
         if offsets_rad.shape[-2:] != self.lo_rad.shape:
             raise ValueError(f"offsets of shape {offsets_rad.shape} do not end in (horizon, n_joints) = "
                              f"{self.lo_rad.shape}")
-        told = offsets_rad if self.about == "rest" else offsets_rad - self.prior_rad(increment_rad)
+        if not np.all(np.isfinite(offsets_rad)):
+            raise ValueError("offsets_rad must be finite to be encoded")
+        batch = offsets_rad.shape[:-2]
+        told = offsets_rad if self.about == "rest" else offsets_rad - self.prior_rad(increment_rad, batch)
         k, j = np.indices(self.lo_rad.shape)
         tokens = self.bin_of(dct_rad(told), k, j)  # (..., H, D): row k holds coefficient k of every joint
         return tokens.reshape(*tokens.shape[:-2], -1)
 
     def coefficients(self, tokens: np.ndarray) -> np.ndarray:
         """Tokens (..., n), n = r*D <= H*D -> coefficients (..., H, D) rad, rows r..H-1 zero.
-        Raises ValueError for n not a multiple of D or above H*D."""
+        Raises ValueError for n not a multiple of D or above H*D, or tokens that are not integers in 0..n_bins-1."""
         tokens = np.asarray(tokens)
+        if tokens.ndim == 0 or tokens.size and (tokens.dtype.kind not in "iu" or tokens.min() < 0
+                                                 or tokens.max() >= self.n_bins):
+            raise ValueError(f"tokens must be an array of integers in 0..{self.n_bins - 1}, got {tokens.dtype} "
+                             f"{tokens.reshape(-1)[:8].tolist()}{'...' if tokens.size > 8 else ''}")
         n, d = tokens.shape[-1], self.n_joints
         if n % d or n > self.horizon * d:
             raise ValueError(f"token count {n} is not a multiple of n_joints={d} up to {self.horizon * d}")
@@ -154,7 +171,7 @@ class DctTokenizer:
         coefficients and prior_rad."""
         coefs = self.coefficients(tokens)
         rows = np.asarray(tokens).shape[-1] // self.n_joints
-        prior = self.prior_rad(increment_rad)
+        prior = self.prior_rad(increment_rad, None if increment_rad is None else np.shape(tokens)[:-1])
         told = coefs[..., :rows, :]  # (..., r, D): what the prefix says about the departure from the prior
         if self.about == "rest":
             told = told - dct_rad(prior)[..., :rows, :]
@@ -165,9 +182,11 @@ class DctTokenizer:
         encode(offsets_rad, increment_rad) (module docstring; valid where every kept coefficient lies inside its
         range). offsets (..., H, D), increments (..., D) rad -> (..., D) rad^2."""
         offsets = np.asarray(offsets_rad, dtype=np.float64)
+        if not 0 <= rows <= self.horizon:
+            raise ValueError(f"rows must be in 0..{self.horizon}, got {rows}")
         gain = completion_gain(self.horizon, rows)  # (H, r)
         c_r = dct_rad(np.eye(self.horizon))[:rows]  # (r, H): the first r DCT coefficients of a chunk
-        miss = offsets - self.prior_rad(increment_rad)
+        miss = offsets - self.prior_rad(increment_rad, None if increment_rad is None else offsets.shape[:-2])
         untold = np.einsum("hk,...kd->...hd", np.eye(self.horizon) - gain @ c_r, miss)  # (I - M_r C_r)(x - p)
         quant = np.linalg.norm(gain, 2) * np.sqrt(((self.width_rad[:rows] / 2) ** 2).sum(0)) if rows else 0.0
         return (quant + np.sqrt((untold ** 2).sum(-2))) ** 2
@@ -178,9 +197,13 @@ class DctTokenizer:
 
     @classmethod
     def from_state_dict(cls, state: dict) -> "DctTokenizer":
-        """A manifest's "tokenizer" entry; one without "about" predates the departure and is about="rest"."""
-        return cls(np.array(state["lo_rad"]), np.array(state["hi_rad"]), int(state["n_bins"]),
-                   state.get("about", "rest"))
+        """A manifest's "tokenizer" entry; one without "about" predates the departure and is about="rest" (with a
+        warning: such a policy's chunks are not as accurate where the arm acts; retrain it)."""
+        if "about" not in state:
+            warnings.warn('a DCT tokenizer without "about" holds the DCT of the offsets themselves (trained before '
+                          "2026-12-02): it decodes as it did; retrain it (edgeinfer train --tokenizer dct) for tokens "
+                          "of the departure from constant velocity, docs/policy.md", UserWarning, stacklevel=2)
+        return cls(np.array(state["lo_rad"]), np.array(state["hi_rad"]), state["n_bins"], state.get("about", "rest"))
 
 
 def dct_rad(offsets_rad: np.ndarray) -> np.ndarray:

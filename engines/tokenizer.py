@@ -88,7 +88,7 @@ class ActionTokenizer:
 
     @classmethod
     def from_state_dict(cls, state: dict) -> "ActionTokenizer":
-        return cls(np.array(state["lo_rad"]), np.array(state["hi_rad"]), int(state["n_bins"]))
+        return cls(np.array(state["lo_rad"]), np.array(state["hi_rad"]), state["n_bins"])
 
 
 def decode_chunk(tokenizer, tokens: np.ndarray, increment_rad: np.ndarray) -> np.ndarray:
@@ -118,6 +118,8 @@ def tokenizer_from_state(state: dict) -> "ActionTokenizer | DctTokenizer":
     """The tokenizer a manifest's "tokenizer" entry describes, by its "kind" (TOKENIZERS): "step" (ActionTokenizer;
     the default, as the shipped step manifests have no "kind") or "dct" (engines/dct_tokenizer.DctTokenizer).
     Raises ValueError naming an unknown kind."""
+    if not isinstance(state, dict):
+        raise ValueError(f"tokenizer must be an object with lo_rad, hi_rad and n_bins, got {type(state).__name__}")
     kind = state.get("kind", "step")
     if kind not in TOKENIZERS:
         raise ValueError(f"tokenizer kind {kind!r} is unknown; known: {sorted(TOKENIZERS)}")

@@ -77,7 +77,9 @@ def test_nothing_served_gives_zero_and_no_ratio():
 
 @pytest.mark.parametrize("kw, field", [({"configs": ["a", "f"]}, "configs"), ({"configs": []}, "configs"),
                                        ({"configs": ["d", "d"]}, "configs"), ({"phases": ["async"]}, "phases"),
-                                       ({"duration_s": 0.0}, "duration_s"), ({"max_robots": 0}, "max_robots")])
+                                       ({"duration_s": 0.0}, "duration_s"), ({"max_robots": 0}, "max_robots"),
+                                       ({"settle_max_s": -1.0}, "settle_max_s"),
+                                       ({"settle_max_s": float("nan")}, "settle_max_s")])
 def test_options_are_checked(kw, field):
     with pytest.raises(ValueError, match=f"FleetBenchConfig.{field}"):
         FleetBenchConfig(**kw)
@@ -263,6 +265,6 @@ def test_the_plan_bounds_the_points_and_the_ladder_is_the_one_next_robots_walks(
 def test_settle_gives_up_after_its_longest_wait():
     from edgeinfer.bench.fleet import settle
 
-    assert settle(0.0) == {"settle_s": 0.0, "cpu_busy_pct": 100.0, "quiet": False}  # no wait: not known quiet
+    assert settle(0.0) == {"settle_s": 0.0, "cpu_busy_pct": None, "quiet": None}  # no wait: nothing measured
     got = settle(1.5)  # one or two one-second samples: never more than max_s plus one sample
     assert got["settle_s"] <= 3.0 and 0.0 <= got["cpu_busy_pct"] <= 100.0

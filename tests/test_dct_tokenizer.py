@@ -126,7 +126,8 @@ def test_a_manifest_from_before_the_departure_decodes_as_it_did():
     increment, and with one fills a prefix around the constant-velocity chunk, as it always did."""
     offsets, inc = smooth_offsets(np.random.default_rng(3), 500)
     lo, hi = fitted_range(dct_rad(offsets), 0.998)
-    old = tokenizer_from_state({"kind": "dct", "lo_rad": lo.tolist(), "hi_rad": hi.tolist(), "n_bins": 64})
+    with pytest.warns(UserWarning, match="retrain it"):  # loaded, said so
+        old = tokenizer_from_state({"kind": "dct", "lo_rad": lo.tolist(), "hi_rad": hi.tolist(), "n_bins": 64})
     assert old.about == "rest" and old.state_dict()["about"] == "rest"
     tokens = old.encode(offsets)
     np.testing.assert_allclose(dct(old.decode(tokens), type=2, norm="ortho", axis=1), old.coefficients(tokens),
@@ -159,8 +160,32 @@ def test_bad_input_is_refused_naming_it(fitted):
     for call in (lambda: tok.encode(offsets[0]), lambda: tok.decode(np.zeros(D, dtype=int))):
         with pytest.raises(ValueError, match="needs the observation's last chunk-step increment"):
             call()
-    with pytest.raises(ValueError, match="increment_rad of shape .* n_joints=3"):
+    with pytest.raises(ValueError, match=r"increment_rad of shape \(4,\) does not fit \(3,\)"):
         tok.decode(np.zeros(D, dtype=int), np.zeros(D + 1))
+    with pytest.raises(ValueError, match=r"increment_rad of shape \(5, 3\) does not fit \(2, 3\)"):
+        tok.decode(np.zeros((2, D), dtype=int), np.zeros((5, D)))  # not silently broadcast to another batch
+    with pytest.raises(ValueError, match=r"does not fit \(3,\)"):
+        tok.encode(offsets[0], inc[:2])
+    with pytest.raises(ValueError, match="increment_rad must be finite"):
+        tok.decode(np.zeros(D, dtype=int), np.full(D, np.nan))
+    for bad in (np.full(D, 64), np.full(D, -1), np.full(D, 3.7), np.array(5)):
+        with pytest.raises(ValueError, match="tokens must be an array of integers in 0..63"):
+            tok.decode(bad, inc[0])
+    with pytest.raises(ValueError, match="offsets_rad must be finite"):
+        tok.encode(np.full((H, D), np.nan), inc[0])
+    with pytest.raises(ValueError, match=r"fit needs offsets \(N, H, D\) and increments \(N, D\)"):
+        DctTokenizer.fit(offsets, inc[:10])
+    with pytest.raises(ValueError, match="rows must be in 0..8"):
+        tok.error_bound_sq(-1, offsets, inc)
+    with pytest.raises(ValueError, match=r"lo_rad must be finite, got -inf at \(0, 1\)"):
+        DctTokenizer(np.where(np.eye(H, D, 1) > 0, -np.inf, -1.0), np.ones((H, D)))
+    with pytest.raises(ValueError, match="hi_rad - lo_rad must be finite"):
+        DctTokenizer(np.full((H, D), -1e308), np.full((H, D), 1e308))
+    for n_bins in (128.7, "128", True):
+        with pytest.raises(ValueError, match="n_bins must be an integer >= 2"):
+            DctTokenizer(np.zeros((H, D)), np.ones((H, D)), n_bins)
+    with pytest.raises(ValueError, match="tokenizer must be an object"):
+        tokenizer_from_state(None)
     with pytest.raises(ValueError, match="hi_rad must exceed"):
         DctTokenizer(np.zeros((H, D)), np.zeros((H, D)))
     with pytest.raises(ValueError, match=r"\(H, D\)"):

@@ -71,6 +71,8 @@ class FleetBenchConfig:
             raise ValueError(f"FleetBenchConfig.duration_s must be > 0, got {self.duration_s}")
         if self.max_robots < 1:
             raise ValueError(f"FleetBenchConfig.max_robots must be >= 1, got {self.max_robots}")
+        if not 0 <= self.settle_max_s <= 3600:
+            raise ValueError(f"FleetBenchConfig.settle_max_s must be in [0, 3600] s, got {self.settle_max_s}")
         for name, value, known in (("configs", self.configs, CONFIGURATIONS), ("phases", self.phases, PHASES)):
             unknown = [v for v in value if v not in known]
             if not value or unknown or len(set(value)) != len(value):
@@ -80,14 +82,15 @@ class FleetBenchConfig:
 def settle(max_s: float) -> dict:
     """Wait until the CPUs were at most QUIET_BUSY_PCT busy (psutil.cpu_percent, all cores) for QUIET_SECONDS
     one-second samples in a row, at most max_s seconds. Returns {"settle_s": the wait, s, "cpu_busy_pct": the
-    last sample, %, "quiet": whether the CPUs got quiet}."""
+    last sample, %, "quiet": whether the CPUs got quiet}; both None when max_s left no time for a sample."""
     import psutil
 
-    t0, quiet, busy = time.monotonic(), 0, 100.0
+    t0, quiet, busy = time.monotonic(), 0, None
     while quiet < QUIET_SECONDS and time.monotonic() - t0 < max_s:
         busy = psutil.cpu_percent(interval=1.0)
         quiet = quiet + 1 if busy <= QUIET_BUSY_PCT else 0
-    return {"settle_s": round(time.monotonic() - t0, 1), "cpu_busy_pct": busy, "quiet": quiet >= QUIET_SECONDS}
+    return {"settle_s": round(time.monotonic() - t0, 1), "cpu_busy_pct": busy,
+            "quiet": None if busy is None else quiet >= QUIET_SECONDS}
 
 
 def run_fleet(cfg: FleetBenchConfig, console: Console | None = None, command: list[str] | None = None,
