@@ -171,7 +171,7 @@ class DctTokenizer:
         coefficients and prior_rad."""
         coefs = self.coefficients(tokens)
         rows = np.asarray(tokens).shape[-1] // self.n_joints
-        prior = self.prior_rad(increment_rad, None if increment_rad is None else np.shape(tokens)[:-1])
+        prior = self.prior_rad(increment_rad, np.shape(tokens)[:-1])
         told = coefs[..., :rows, :]  # (..., r, D): what the prefix says about the departure from the prior
         if self.about == "rest":
             told = told - dct_rad(prior)[..., :rows, :]
@@ -186,7 +186,7 @@ class DctTokenizer:
             raise ValueError(f"rows must be in 0..{self.horizon}, got {rows}")
         gain = completion_gain(self.horizon, rows)  # (H, r)
         c_r = dct_rad(np.eye(self.horizon))[:rows]  # (r, H): the first r DCT coefficients of a chunk
-        miss = offsets - self.prior_rad(increment_rad, None if increment_rad is None else offsets.shape[:-2])
+        miss = offsets - self.prior_rad(increment_rad, offsets.shape[:-2])
         untold = np.einsum("hk,...kd->...hd", np.eye(self.horizon) - gain @ c_r, miss)  # (I - M_r C_r)(x - p)
         quant = np.linalg.norm(gain, 2) * np.sqrt(((self.width_rad[:rows] / 2) ** 2).sum(0)) if rows else 0.0
         return (quant + np.sqrt((untold ** 2).sum(-2))) ** 2

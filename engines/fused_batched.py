@@ -34,7 +34,6 @@ load); with fused_engine._linear it costs 0.78-0.96 ms (docs/fleet.md).
 """
 from __future__ import annotations
 
-import math
 from typing import Sequence
 
 import numpy as np
@@ -80,24 +79,9 @@ def _batch_pass(w, off, dims, eps, kv, x, h, qkv, att, mlp, out, scores, obs, po
             a, b = first[i], first[i + 1]
             fe._attention(qkv[a:b], b - a, pos[a], layer, n_heads, kv[slots[i]], scores, att[a:b])
         fe._linear(att, rows, w, off, lw + fe.PROJ_W, h)
-        for r in range(rows):
-            for o in range(d):
-                x[r, o] += h[r, o]
-        fe._layer_norm(x, rows, w, off, lw + fe.LN2_W, eps, h)
-        fe._linear(h, rows, w, off, lw + fe.FC1_W, mlp)
-        for r in range(rows):
-            for o in range(mlp.shape[1]):  # nn.GELU(): the exact, erf form
-                v = mlp[r, o]
-                mlp[r, o] = 0.5 * v * (1.0 + math.erf(v * 0.7071067811865476))
-        fe._linear(mlp, rows, w, off, lw + fe.FC2_W, h)
-        for r in range(rows):
-            for o in range(d):
-                x[r, o] += h[r, o]
-    fe._layer_norm(x, rows, w, off, fe.LNF_W, eps, h)
-    fe._linear(h, rows, w, off, fe.HEAD_W, out)
-    for r in range(rows):
-        for o in range(n_bins):
-            logits[r, o] = np.float32(out[r, o])
+        fe._add(x, rows, h)
+        fe._feed_forward(x, rows, w, off, lw, eps, h, mlp)
+    fe._head(x, rows, w, off, eps, h, out, logits)
 
 
 @_kernel

@@ -165,6 +165,38 @@ def _attention(qkv, t, start, layer, n_heads, kv, scores, y):
 
 
 @_kernel
+def _add(x, t, h):
+    """The residual: x[:t] += h[:t]."""
+    for r in range(t):
+        for o in range(x.shape[1]):
+            x[r, o] += h[r, o]
+
+
+@_kernel
+def _feed_forward(x, t, w, off, lw, eps, h, mlp):
+    """A block's second half on rows 0..t-1 (lw: the block's first tensor): x += FC2(GELU(FC1(LayerNorm2(x)))),
+    nn.GELU() in its exact, erf form. h, mlp: work buffers."""
+    _layer_norm(x, t, w, off, lw + LN2_W, eps, h)
+    _linear(h, t, w, off, lw + FC1_W, mlp)
+    for r in range(t):
+        for o in range(mlp.shape[1]):
+            v = mlp[r, o]
+            mlp[r, o] = 0.5 * v * (1.0 + math.erf(v * 0.7071067811865476))
+    _linear(mlp, t, w, off, lw + FC2_W, h)
+    _add(x, t, h)
+
+
+@_kernel
+def _head(x, t, w, off, eps, h, out, logits):
+    """The final LayerNorm and head on rows 0..t-1 -> logits[:t] (rounded to float32). h, out: work buffers."""
+    _layer_norm(x, t, w, off, LNF_W, eps, h)
+    _linear(h, t, w, off, HEAD_W, out)
+    for r in range(t):
+        for o in range(logits.shape[1]):
+            logits[r, o] = np.float32(out[r, o])
+
+
+@_kernel
 def _pass(w, off, dims, eps, kv, x, h, qkv, att, mlp, out, scores, obs, tokens, start, t, logits):
     """One cached pass over positions start..start+t-1 -> logits[:t] (float32). Position 0 embeds obs."""
     d, n_heads, n_layers, n_bins, seq_len = dims[D_MODEL], dims[D_HEADS], dims[D_LAYERS], dims[D_BINS], dims[D_SEQ]
@@ -187,24 +219,9 @@ def _pass(w, off, dims, eps, kv, x, h, qkv, att, mlp, out, scores, obs, tokens, 
         _linear(h, t, w, off, lw + QKV_W, qkv)
         _attention(qkv, t, start, layer, n_heads, kv, scores, att)
         _linear(att, t, w, off, lw + PROJ_W, h)
-        for r in range(t):
-            for o in range(d):
-                x[r, o] += h[r, o]
-        _layer_norm(x, t, w, off, lw + LN2_W, eps, h)
-        _linear(h, t, w, off, lw + FC1_W, mlp)
-        for r in range(t):
-            for o in range(mlp.shape[1]):  # nn.GELU(): the exact, erf form
-                v = mlp[r, o]
-                mlp[r, o] = 0.5 * v * (1.0 + math.erf(v * 0.7071067811865476))
-        _linear(mlp, t, w, off, lw + FC2_W, h)
-        for r in range(t):
-            for o in range(d):
-                x[r, o] += h[r, o]
-    _layer_norm(x, t, w, off, LNF_W, eps, h)
-    _linear(h, t, w, off, HEAD_W, out)
-    for r in range(t):
-        for o in range(n_bins):
-            logits[r, o] = np.float32(out[r, o])
+        _add(x, t, h)
+        _feed_forward(x, t, w, off, lw, eps, h, mlp)
+    _head(x, t, w, off, eps, h, out, logits)
 
 
 @_kernel

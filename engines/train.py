@@ -101,11 +101,12 @@ def train(cfg: TrainConfig) -> Policy:
     torch.manual_seed(cfg.seed)
     rng = np.random.default_rng(cfg.seed)
     feats, offsets = data.windows("train", horizon, stride)
-    tokenizer = (DctTokenizer.fit(offsets, feature_increment(feats), cfg.n_bins) if cfg.tokenizer == "dct"
+    increment = feature_increment(feats)
+    tokenizer = (DctTokenizer.fit(offsets, increment, cfg.n_bins) if cfg.tokenizer == "dct"
                  else ActionTokenizer.fit(step_increments(offsets), cfg.n_bins))
     mean, std = feats.mean(0), feats.std(0) + 1e-6
     x = torch.as_tensor((feats - mean) / std, dtype=torch.float32)
-    y = torch.as_tensor(encode_chunk(tokenizer, offsets, feature_increment(feats)))
+    y = torch.as_tensor(encode_chunk(tokenizer, offsets, increment))
     pcfg = PolicyConfig(obs_dim=feats.shape[1], n_joints=offsets.shape[2], horizon=horizon, stride_ticks=stride,
                         n_bins=cfg.n_bins, **POLICY_SIZES[cfg.size])
     model = ActionTransformer(pcfg)

@@ -273,7 +273,8 @@ class FleetScheduler:
         if p.call_ms <= 0 or per_pass <= 0:
             return ms
         slack = max(self.costs.estimate_ns(len(batch), 1) - per_pass, 0.0)
-        left = [r.deadline_ns - p.margin_ms * 1e6 - self.clock() for r in batch]
+        now = self.clock()
+        left = [r.deadline_ns - p.margin_ms * 1e6 - now for r in batch]
         while True:
             grown = [min(m + self.row_tokens, r.decode.n_tokens - r.decode.n) for r, m in zip(batch, ms)]
             if grown == ms or max(grown) * per_pass > p.call_ms * 1e6 or any(
