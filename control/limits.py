@@ -55,8 +55,9 @@ class ResolvedLimits:
         """report.json's "limits": the values used (null: no limit, a continuous joint), the source of each."""
         lim = self.limits
         qd = np.broadcast_to(lim.qd_max_rad_s, (self.n_joints,)).tolist()  # a 1-joint robot's is one number
+        qdd = None if lim.qdd_max_rad_s2 is None else np.broadcast_to(lim.qdd_max_rad_s2, (self.n_joints,)).tolist()
         return {"q_min_rad": list(lim.q_min_rad), "q_max_rad": list(lim.q_max_rad), "qd_max_rad_s": qd,
-                "dt_max_s": lim.dt_max_s, "sources": dict(self.sources),
+                "qdd_max_rad_s2": qdd, "dt_max_s": lim.dt_max_s, "sources": dict(self.sources),
                 "urdf_joints": self.urdf_joints, "urdf_joints_chosen": self.urdf_how, "warnings": list(self.warnings)}
 
 

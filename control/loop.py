@@ -30,19 +30,22 @@ import os
 from dataclasses import dataclass, field
 from typing import Callable, Literal
 
-import numpy as np
 import zmq
 
 from edgeinfer.control.buffer import ChunkBuffer
 from edgeinfer.control.command import CommandCounters, command
+from edgeinfer.control.gate import LimitGate
 from edgeinfer.control.limits import resolve_limits
 from edgeinfer.control.safety import CommandConfig
 from edgeinfer.core import transport
-from edgeinfer.core.clock import Ticker, enter_realtime, now_ns
+from edgeinfer.core.clock import Ticker, check_period_ns, enter_realtime, now_ns
 from edgeinfer.core.lifecycle import ParentWatch
 from edgeinfer.core.liveliness import Lease, LinkMonitor
+from edgeinfer.core.logwriter import emit
 from edgeinfer.core.telemetry import Telemetry
 from edgeinfer.core.wire import ActionChunk, Heartbeat, JointCommand, Observation, Start, Stop, WireError
+
+OBS_BATCH = 8  # observations read between two looks at the clock (~160 us at ~20 us each)
 
 
 @dataclass
@@ -65,6 +68,9 @@ class ControlConfig(CommandConfig):
     # Longest lease granted the runtime, in control periods, so that one that stops beating is lost within two.
     # The lease is 1.5 x the longest recent gap between its heartbeats, at least the lease it announces.
     runtime_lease_max_periods: float = 1.75
+    # Time a tick spends reading observations at most, us, and at most a quarter period (then it commands with the
+    # newest it read): a flood costs superseded observations, not ticks. Reading one costs ~20 us (a 2-core VM).
+    obs_read_budget_us: float = 500.0
 
     def __post_init__(self):
         super().__post_init__()
@@ -74,6 +80,8 @@ class ControlConfig(CommandConfig):
                              f"{self.control_stats_ms}")
         if not 0 <= self.phase_ms < 1000 or not 0 <= self.spin_us <= 10_000:
             raise ValueError("ControlConfig.phase_ms must be in [0, 1000) and spin_us in [0, 10000]")
+        if not self.obs_read_budget_us > 0:
+            raise ValueError(f"ControlConfig.obs_read_budget_us must be > 0, got {self.obs_read_budget_us}")
         if not self.runtime_lease_max_periods > 0:
             raise ValueError("ControlConfig.runtime_lease_max_periods must be > 0, got "
                              f"{self.runtime_lease_max_periods}")
@@ -88,6 +96,7 @@ class ControlStats(CommandCounters):
 
     observations: int = 0  # Observation messages received
     obs_superseded: int = 0  # observations dropped unused: a newer one was queued (latest-only)
+    obs_read_capped: int = 0  # ticks that stopped reading observations at their budget, more queued: a flood
     overruns: int = 0  # ticks skipped because the loop ran a whole period or more late (live)
     commands_dropped: int = 0  # commands made but not sent: the commands queue was full (HWM), nobody reading
     malformed: int = 0
@@ -116,11 +125,10 @@ class ControlLoop:
         resolved = resolve_limits(cfg.limits)
         cfg.limits = resolved.limits
         for warning in resolved.warnings:
-            print(f"control: limits: {warning}", flush=True)
+            emit(f"control: limits: {warning}")
         self.buffer = ChunkBuffer(blend_ns=int(cfg.blend_ms * 1e6))
         self.stats = ControlStats()
-        self.last_q: np.ndarray | None = None
-        self.last_t_ns: int | None = None  # tick time of the last command (the clamp's measured dt)
+        self.gate = LimitGate(cfg.limits)  # the last command, and every command's limit check
         self.last_obs: Observation | None = None
         self.telemetry = Telemetry("control", cfg.control_stats_ms, clock=clock, publish=self._send_status)
         self.log = self.telemetry.log
@@ -130,6 +138,7 @@ class ControlLoop:
         self._next_beat_ns = 0
         self._beat_seq = 0
         self._start: Start | None = None
+        self._obs_budget_ns = int(cfg.obs_read_budget_us * 1e3)  # begin() caps it at a quarter period
 
     def open(self) -> "ControlLoop":
         self.parent = ParentWatch()
@@ -139,9 +148,10 @@ class ControlLoop:
         keys = self.endpoints.curve_keys()
         self.auth = transport.start_authenticator(self.ctx, keys)
         self.obs = transport.Receiver(transport.sub(self.ctx, self.endpoints.obs, hwm=transport.LATEST_HWM,
-                                                    curve=keys), on_error=self._wire_error, latest=Observation)
+                                                    curve=keys), on_error=self._wire_error, latest=Observation,
+                                     joints=len(self.cfg.limits.q_min_rad))  # a wrong D stops at the entry
         self.chunks = transport.Receiver(transport.sub(self.ctx, self.endpoints.chunks, curve=keys),
-                                         on_error=self._wire_error)
+                                         on_error=self._wire_error, joints=len(self.cfg.limits.q_min_rad))
         self.link = LinkMonitor(self.chunks.sock)
         self.commands = transport.push(self.ctx, self.endpoints.commands, curve=keys)
         self.ready = transport.push(self.ctx, self.endpoints.ready, curve=keys)
@@ -157,8 +167,9 @@ class ControlLoop:
             transport.send(self.status, msg)
 
     def handshake(self, timeout_s: float = 300.0) -> Start:
-        """Report ready once both SUBs hear Hellos, then wait for Start. Raises TimeoutError, or RuntimeError
-        when stopped or orphaned first."""
+        """Report ready once both SUBs hear Hellos, then wait for Start (one whose period_ns is not in (0, 10 s] is
+        refused: error.start_refused, and the wait goes on). Raises TimeoutError, or RuntimeError when stopped or
+        orphaned first."""
         transport.wait_for_hello([self.obs, self.chunks], timeout_s, check=self.parent.check)
         transport.announce_ready(self.ready, "control")
         deadline = now_ns() + int(timeout_s * 1e9)
@@ -166,15 +177,21 @@ class ControlLoop:
             self.parent.check()
             msg = self.obs.recv(100)
             if isinstance(msg, Start):
-                return msg
+                try:  # a period of 0 would never tick, one of 2**62 ns never end: refused by name, not the Ticker's
+                    check_period_ns(msg.period_ns, "Start.period_ns")
+                    return msg
+                except ValueError as e:
+                    self.telemetry.report("start_refused", f"Start refused: {e}; waiting for a valid Start")
             if isinstance(msg, Stop):
                 raise RuntimeError(f"stopped before start: {msg.reason}")
         raise TimeoutError("control: no Start message")
 
     def run(self, start: Start) -> ControlStats:
         if self.rt_warning:
-            print(f"control: {self.rt_warning}", flush=True)
-        ticker = Ticker(start.t0_ns + int(self.cfg.phase_ms * 1e6), start.period_ns, int(self.cfg.spin_us * 1e3))
+            emit(f"control: {self.rt_warning}")
+        # a spin of at most a quarter period: a whole one (spin_us at --time-scale 20) starves the ZMQ I/O thread
+        spin_ns = min(int(self.cfg.spin_us * 1e3), start.period_ns // 4)
+        ticker = Ticker(start.t0_ns + int(self.cfg.phase_ms * 1e6), start.period_ns, spin_ns)
         period_s = start.period_ns / 1e9
         self.begin(start)
         while (n := ticker.wait()) < start.n_ticks:
@@ -184,7 +201,7 @@ class ControlLoop:
             if not self._take_messages(t_tick):
                 break
             if n % 250 == 0 and self.parent.parent_gone():
-                print("control: parent process exited; stopping", flush=True)
+                emit("control: parent process exited; stopping")
                 break
             self._command(n, t_tick, period_s)
             self._publish_status()
@@ -192,7 +209,7 @@ class ControlLoop:
         end = min(n, start.n_ticks)
         if (overruns := ticker.overruns - (n - end)) != self.stats.overruns:
             self._overran(end, overruns)
-        self._take_messages(self.clock())  # count what arrived for the last tick
+        self._take_messages(self.clock(), final=True)  # count what arrived for the last tick: all of it
         self._refresh_stats()
         self.log.close()
         if self.status is not None:  # the final Stats, for the replayer's report
@@ -208,12 +225,14 @@ class ControlLoop:
         self._start = start
         self.runtime.ceiling_ns = int(self.cfg.runtime_lease_max_periods * start.period_ns)
         self.buffer.max_lead_ns = start.period_ns + self.runtime.ceiling_ns
+        # reading observations takes at most a quarter period: a fast loop (--time-scale 20) has 50 us
+        self._obs_budget_ns = min(int(self.cfg.obs_read_budget_us * 1e3), start.period_ns // 4)
 
     def _overran(self, n: int, overruns: int) -> None:
         skipped, self.stats.overruns = overruns - self.stats.overruns, overruns
         self.log.line("overrun", f"overrun: {skipped} tick(s) skipped before tick {n} ({overruns} in all)")
 
-    def _take_messages(self, t_tick_ns: int) -> bool:
+    def _take_messages(self, t_tick_ns: int, final: bool = False) -> bool:
         """Absorb pending chunks and observations, and the runtime's liveliness; False when the run was stopped."""
         t, runtime = self.clock(), self.runtime
         if self.link is not None and self.link.poll()[1] and runtime.alive:  # its connection dropped: it is gone
@@ -227,11 +246,30 @@ class ControlLoop:
         if runtime.alive and not runtime.check(t):
             self._runtime_lost(t, f"no heartbeat for {(t - runtime.last_ns) / 1e6:.1f} ms "
                                f"(lease {runtime.lease_ns / 1e6:.1f} ms expired)")
-        got = self.obs.recv_latest(0)  # latest-only: the newest observation (older ones: obs.stale_dropped)
-        if got.msg is not None:
-            self.last_obs = got.msg
-        self.stats.observations += got.count
-        return not any(isinstance(m, Stop) for m in got.others)
+        return self._take_observations(None if final else self._obs_budget_ns)
+
+    def _take_observations(self, budget_ns: int | None) -> bool:
+        """The newest observation (latest-only: older ones are obs_superseded), read in batches of OBS_BATCH for at
+        most budget_ns on the loop's clock (None: to the end of the queue, after the last tick), so that a flood
+        costs superseded observations and capped reads (obs_read_capped), never the tick. The newest is known only
+        once the queue is read to its end (Receiver.recv_latest): during a flood the loop takes the newest read
+        when its budget runs out. A Stop queued behind a flood is read within (LATEST_HWM + the kernel's socket
+        buffers) / (messages read per tick) ticks: at 20 us a message, about 400 ticks (1.6 s at 250 Hz) with the
+        queue full; the run also ends at its last tick. False when a Stop was read."""
+        stop_at = self.clock() + budget_ns if budget_ns is not None else None
+        while True:
+            got = self.obs.recv_latest(0, OBS_BATCH)
+            self.stats.observations += got.count
+            if got.msg is not None:
+                self.last_obs = got.msg
+            if any(isinstance(m, Stop) for m in got.others):
+                return False
+            if got.msg is not None or not (got.count or got.others):  # read to the end of the queue
+                return True
+            if stop_at is not None and self.clock() >= stop_at:  # budget spent, more queued: the newest read so far
+                self.stats.obs_read_capped += 1
+                self.last_obs = self.obs.take_newest() or self.last_obs
+                return True
 
     def _take_chunk(self, chunk: ActionChunk, t_tick_ns: int) -> None:
         """Into the buffer, or counted: untrusted (sent before the runtime was declared lost under "hold", or before
@@ -314,15 +352,13 @@ class ControlLoop:
 
     def _command(self, n: int, t_tick_ns: int, period_s: float) -> None:
         # untrusted chunks (on_runtime_lost): hold (control/command.py: the path the Controller shares)
-        cmd = command(self.buffer if self._trusted() else None, t_tick_ns, self.last_q, self.last_t_ns,
-                      self.last_obs.q_rad if self.last_obs is not None else None, self.cfg.limits, period_s,
-                      self.stats)
+        cmd = command(self.buffer if self._trusted() else None, t_tick_ns, self.gate,
+                      self.last_obs.q_rad if self.last_obs is not None else None, period_s, self.stats)
         if cmd is None:
             return  # no state at all yet: nothing safe to command; the replayer counts it lost
         if not self.runtime.alive:
             self.stats.holds_runtime_dead += cmd.rung == "hold"
             self.stats.commands_after_loss += cmd.rung != "hold"
-        self.last_q, self.last_t_ns = cmd.q_rad, t_tick_ns
         obs_seq = self.last_obs.seq if self.last_obs is not None else -1
         t_send = self.clock()
         sent = transport.send(self.commands, JointCommand(n, obs_seq, cmd.chunk_obs_seq, t_send, cmd.q_rad, cmd.rung))

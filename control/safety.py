@@ -1,4 +1,5 @@
-"""Joint position and velocity limits applied to every command before it leaves the control loop."""
+"""Joint limits (position box, speed, acceleration) and the config every controller shares; the check itself is
+control/gate.py."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -13,8 +14,9 @@ class SafetyLimits:
     the URDF (--urdf) > the policy manifest's "limits" > the Schunk LWA 4P defaults (6 joints only); see
     docs/replay.md#joint-limits.
 
-    The fields left None are filled when a run starts (control/limits.resolve_limits); clamp() needs them set.
-    A position limit may be infinite (a continuous joint); prismatic joints are in m and m/s.
+    The fields left None are filled when a run starts (control/limits.resolve_limits); the gate needs them set.
+    A position limit may be infinite (a continuous joint); prismatic joints are in m and m/s. Every command
+    passes control/gate.LimitGate, which enforces them.
     """
 
     # Lower joint position limits, rad (unset: from --urdf, the manifest, else -2.967 on 6 joints).
@@ -24,6 +26,9 @@ class SafetyLimits:
     # Joint speed limits between two commands, rad/s: one for every joint, or one per joint (unset: from --urdf,
     # the manifest, else 2.0 on 6 joints).
     qd_max_rad_s: list[float] | float | None = None
+    # Joint acceleration limits between two command steps, rad/s^2: one for every joint, or one per joint (unset:
+    # no acceleration limit). Checked against the velocity of the last command step (0 before the first).
+    qdd_max_rad_s2: list[float] | float | None = None
     # The longest gap between two commands the speed limit is spread over, s: after a longer one (a stall) the
     # step is limited as if this long had passed (or one control period, if that is longer), so a stall never
     # turns into a jump.
@@ -36,8 +41,9 @@ class SafetyLimits:
 
     def __post_init__(self):
         self.urdf = Path(self.urdf) if self.urdf is not None else None
-        if isinstance(self.qd_max_rad_s, list) and len(self.qd_max_rad_s) == 1:
-            self.qd_max_rad_s = self.qd_max_rad_s[0]  # one value on the command line: every joint
+        for name in ("qd_max_rad_s", "qdd_max_rad_s2"):
+            if isinstance(value := getattr(self, name), list) and len(value) == 1:
+                setattr(self, name, value[0])  # one value on the command line: every joint
         for name in ("q_min_rad", "q_max_rad"):
             if (value := getattr(self, name)) is not None and np.any(np.isnan(value)):
                 raise ValueError(f"SafetyLimits.{name} must be numbers (inf: no limit), got {value}")
@@ -47,35 +53,20 @@ class SafetyLimits:
                                  f"{len(self.q_min_rad)} and {len(self.q_max_rad)}")
             if any(lo >= hi for lo, hi in zip(self.q_min_rad, self.q_max_rad)):
                 raise ValueError("SafetyLimits.q_min_rad must be below q_max_rad for every joint")
-        if isinstance(self.qd_max_rad_s, list) and self.q_min_rad is not None and \
-                len(self.qd_max_rad_s) != len(self.q_min_rad):
-            raise ValueError(f"SafetyLimits.qd_max_rad_s has {len(self.qd_max_rad_s)} entries, q_min_rad "
-                             f"{len(self.q_min_rad)}: give one speed, or one per joint")
-        if self.qd_max_rad_s is not None and not np.all(np.isfinite(self.qd_max_rad_s) & (np.asarray(
-                self.qd_max_rad_s) > 0)):
-            raise ValueError(f"SafetyLimits.qd_max_rad_s must be finite and > 0, got {self.qd_max_rad_s}")
+        for name, what in (("qd_max_rad_s", "speed"), ("qdd_max_rad_s2", "acceleration")):
+            self._check_rate(name, what)
         if not self.dt_max_s > 0:
             raise ValueError(f"SafetyLimits.dt_max_s must be > 0, got {self.dt_max_s}")
 
-    def clamp(self, q_rad: np.ndarray, q_last_rad: np.ndarray | None, dt_s: float) -> tuple[np.ndarray, bool]:
-        """Clamp q_rad (D,) to the position box and to qd_max_rad_s * dt_s from the last command q_last_rad (D,),
-        dt_s seconds earlier (control/command.py passes the measured time since it). Returns (q_rad, was_clamped).
-
-        A non-finite target is replaced by the last command (or, when there is none, the box centre; 0 clipped
-        into the box on a joint with an infinite limit).
-        """
-        if not np.all(np.isfinite(q_rad)):
-            if q_last_rad is not None:
-                return np.array(q_last_rad, dtype=np.float64), True
-            lo, hi = np.asarray(self.q_min_rad, dtype=np.float64), np.asarray(self.q_max_rad, dtype=np.float64)
-            with np.errstate(invalid="ignore"):  # inf - inf on an unlimited joint
-                centre = (lo + hi) / 2
-            return np.where(np.isfinite(centre), centre, np.clip(0.0, lo, hi)), True
-        q = np.clip(q_rad, self.q_min_rad, self.q_max_rad)
-        if q_last_rad is not None:
-            step = np.multiply(self.qd_max_rad_s, dt_s)
-            q = np.clip(q, q_last_rad - step, q_last_rad + step)
-        return q, bool(np.any(q != q_rad))
+    def _check_rate(self, name: str, what: str) -> None:
+        """A speed or acceleration limit: unset, or finite and > 0, one value or one per joint."""
+        if (value := getattr(self, name)) is None:
+            return
+        if isinstance(value, list) and self.q_min_rad is not None and len(value) != len(self.q_min_rad):
+            raise ValueError(f"SafetyLimits.{name} has {len(value)} entries, q_min_rad {len(self.q_min_rad)}: "
+                             f"give one {what}, or one per joint")
+        if not np.all(np.isfinite(value) & (np.asarray(value) > 0)):
+            raise ValueError(f"SafetyLimits.{name} must be finite and > 0, got {value}")
 
 
 @dataclass(kw_only=True)

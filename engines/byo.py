@@ -294,8 +294,9 @@ class ByoPolicy:
                     t_s: float = 0.0) -> np.ndarray:
         """The model input (1, n_obs) float32 for joint positions/velocities (n_joints,) rad, rad/s, the extra
         channels {name: (width,) float64} (Observation.channels()) and the time since the episode's start t_s (s,
-        for phase fields). Raises ValueError for a wrong shape, ObservationMismatch (a ValueError) naming the
-        field for a channel missing or of another width (ByoSpec.check_channels)."""
+        for phase fields); a value past float32's range (|x| > 3.4e38 after offset and scale) is inf here.
+        Raises ValueError for a wrong shape, ObservationMismatch (a ValueError) naming the field for a channel
+        missing or of another width (ByoSpec.check_channels)."""
         d = self.spec.n_joints
         state = {"q": np.asarray(q_rad, np.float64), "qd": np.asarray(qd_rad_s, np.float64),
                  "last_action": self.last_action}
@@ -318,7 +319,8 @@ class ByoPolicy:
             else:
                 x = state[f.source]
             parts.append((x - f.offset) * f.scale)
-        return np.concatenate(parts).astype(np.float32)[None, :]
+        with np.errstate(over="ignore"):  # a finite float64 past float32's range becomes inf: act() checks it
+            return np.concatenate(parts).astype(np.float32)[None, :]
 
     def act(self, q_rad: np.ndarray, qd_rad_s: np.ndarray, channels: dict[str, np.ndarray] | None = None,
             t_s: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
@@ -326,12 +328,19 @@ class ByoPolicy:
         the episode's start t_s, s (see observation).
 
         Returns (joint target (n_joints,) float64 rad, raw action (n_joints,) float32); the raw action is
-        the next step's last_action. Raises ValueError naming the spec for a wrong input shape or a
-        non-finite model output, ObservationMismatch for a channel that does not fit.
+        the next step's last_action. When the model input is not finite (an observation past float32's range)
+        the model is not run, and when it returns a non-finite action that action is dropped: both return a NaN
+        target and raw action and keep last_action, so the step is skipped, not the runtime (the serve loop
+        sends the continue rung for a non-finite chunk and counts error.nonfinite_action; a saturating model
+        could map an inf input to a finite, plausible action, which is why the input is checked too).
+        Raises ValueError naming the spec for a wrong input shape, ObservationMismatch for a channel that
+        does not fit.
         """
-        raw = self.runner(self.observation(q_rad, qd_rad_s, channels, t_s))[0].astype(np.float32)
-        if not np.all(np.isfinite(raw)):
-            raise ValueError(f"{self.spec.path.name}: the model returned a non-finite action {raw}")
+        obs = self.observation(q_rad, qd_rad_s, channels, t_s)
+        raw = self.runner(obs)[0].astype(np.float32) if np.all(np.isfinite(obs)) else None
+        if raw is None or not np.all(np.isfinite(raw)):
+            nan = np.full(self.spec.n_joints, np.nan)
+            return nan, nan.astype(np.float32)
         self.last_action = raw.copy()
         a = self.spec.action
         return a.offset + a.scale * raw.astype(np.float64), raw
@@ -344,6 +353,7 @@ class ByoRuntime:
     def __init__(self, spec_path: str | Path, model_override: str | Path | None = None, warmup_steps: int = 10):
         self.spec = ByoSpec.load(spec_path, model=model_override)
         self.policy = ByoPolicy(self.spec)
+        self.n_joints = self.spec.n_joints  # D of the observations it takes (serve.py's receiver checks it)
         self.step_ns = round(1e9 / self.spec.rate_hz)  # one policy period
         self.warmup_steps = warmup_steps
         self.n_chunks = 0
@@ -382,8 +392,10 @@ class ByoRuntime:
         """The chunk for `obs`: steps_rad (2, D) = [obs.q_rad, target], step_ns (default one policy period)
         apart; obs's extra channels feed the channel fields, its time since the episode's first observation the
         phase fields. A single forward pass has nothing to cut short, so t_start_ns and budget are accepted for
-        the serve loop's sake and unused. Raises ValueError as ByoPolicy.act (ObservationMismatch, a ValueError,
-        for an observation without a channel the spec reads: the episode's clock is then not started by it)."""
+        the serve loop's sake and unused. A step the policy skips (ByoPolicy.act: an input past float32, a
+        non-finite action) gives a NaN target, which the serve loop turns into the continue rung. Raises
+        ValueError as ByoPolicy.act (ObservationMismatch, a ValueError, for an observation without a channel
+        the spec reads: the episode's clock is then not started by it)."""
         t0_ns = obs.t_ns if self.t0_ns is None else self.t0_ns
         target, _ = self.policy.act(obs.q_rad, obs.qd_rad_s, obs.channels(), (obs.t_ns - t0_ns) / 1e9)
         self.t0_ns = t0_ns

@@ -21,9 +21,14 @@ A factory is function(config: FactoryPolicyConfig, **factory_args) -> PolicyPart
 The draft's factory has the same form; its model and features serve the `model` drafter, its tokenizer must
 have the target's n_bins (its tokens are the target's).
 
-The module is imported with the manifest's folder at the head of sys.path for that import only: "file.py:fn"
-runs that file (relative to the manifest's folder), "package.module:fn" imports it. Nothing is unpickled: weights
-are read with torch.load(weights_only=True) (.pt, .pth) or safetensors (.safetensors), sha256 checked first.
+A policy folder with a factory is code: loading its manifest runs the factory's module. So it loads only when
+the user says so (trust_code: RuntimeConfig.trust_policy_code, `--trust-policy-code` on serve, replay, hil and
+launch; like transformers' trust_remote_code); otherwise PolicyCodeRefused names the manifest and the flag. The
+module must be a file inside the manifest's folder ("file.py:fn", or "package.module:fn" for package/module.py;
+no absolute path, no `..`, symlinks resolved and kept inside), imported by its path under a private module name:
+sys.path is not touched, so a json.py beside it shadows nothing (the module imports its own siblings itself).
+Weights (also inside the folder) are read once, at most max_weights_mb, hashed and loaded from those same bytes
+(engines/weights_io.py); nothing is unpickled: torch.load(weights_only=True) (.pt, .pth) or safetensors.
 
 Load checks (FactoryPolicy.open_engine; engines/served.py opens either kind): the protocol self-test of each
 module (engines/protocol_check.py), the logits width, then speculative == target-only greedy tokens on
@@ -35,11 +40,8 @@ from __future__ import annotations
 
 import copy
 import hashlib
-import importlib
 import importlib.util
-import io
 import sys
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -52,6 +54,7 @@ from edgeinfer.engines.drafters import make_drafter
 from edgeinfer.engines.model import ChunkShape
 from edgeinfer.engines.model_protocol import TorchModuleEngine
 from edgeinfer.engines.protocol_check import check_speculative
+from edgeinfer.engines.weights_io import MAX_WEIGHTS_MB, inside, load_state_dict
 
 PROBE_STATES = 3  # observations the load check decodes speculatively and target-only
 DEFAULT_RATE_HZ = 250.0  # the probe observations' rate when the manifest has no control_rate_hz
@@ -133,7 +136,8 @@ class FactoryPolicy:
         if prefix.ndim != 1 or (self.cfg.obs_dim is not None and len(prefix) != self.cfg.obs_dim):
             raise ValueError(f"{self.path}: {where}'s features give a prefix of shape {prefix.shape}, config.obs_dim "
                              f"is {self.cfg.obs_dim}")
-        engine = TorchModuleEngine(copy.deepcopy(module).to(device, torch.float32), probe=prefix)
+        engine = TorchModuleEngine(copy.deepcopy(module).to(device, torch.float32), probe=prefix,
+                                   n_tokens=self.cfg.n_tokens)  # the whole chunk: every position decoded
         width = engine.forward(prefix, (), 0).shape[-1]
         if width != self.cfg.n_bins:
             raise ValueError(f"{self.path}: {where}'s model gives logits over {width} tokens, config.n_bins is "
@@ -156,18 +160,32 @@ def probe_states(policy: FactoryPolicy, n: int, seed: int = 0) -> list[tuple[np.
     return states
 
 
-def load_factory_policy(manifest_path: Path, manifest: dict) -> FactoryPolicy:
+class PolicyCodeRefused(ValueError):
+    """A factory manifest loaded without the opt-in to run its code (trust_code False)."""
+
+
+def load_factory_policy(manifest_path: Path, manifest: dict, trust_code: bool = False,
+                        max_weights_mb: float = MAX_WEIGHTS_MB) -> FactoryPolicy:
     """The policy `manifest` (read from manifest_path) describes: its factory imported and called, weights
-    loaded. Raises ValueError naming the file and key (a bad config, factory name, function or return value, a
-    weights sha256 that does not match), FileNotFoundError or ImportError for a factory module not found."""
+    loaded. trust_code: the user's opt-in to run the factory's code (see the module docstring); max_weights_mb:
+    the cap of each weights file, MB. Raises PolicyCodeRefused (a ValueError) without trust_code; ValueError
+    naming the file and key (a bad config, factory name, path outside the folder, function or return value,
+    weights over the cap, not a regular file, or whose sha256 does not match), FileNotFoundError for a factory
+    module or weights file not found."""
     manifest_path = Path(manifest_path)
+    if not trust_code:
+        raise PolicyCodeRefused(f"{manifest_path}: a factory manifest is code: loading it runs its factory "
+                                f"{manifest.get('factory')!r} from {manifest_path.parent.resolve()}; refused "
+                                "without the opt-in: pass --trust-policy-code (trust_policy_code = true in the "
+                                "config) if you trust this policy folder")
     cfg = load(FactoryPolicyConfig, manifest.get("config"), where="config", file=manifest_path)
-    parts = _build(manifest, "", manifest_path, cfg)
-    draft = _build(manifest["draft"], "draft.", manifest_path, cfg) if "draft" in manifest else None
+    parts = _build(manifest, "", manifest_path, cfg, max_weights_mb)
+    draft = _build(manifest["draft"], "draft.", manifest_path, cfg, max_weights_mb) if "draft" in manifest else None
     return FactoryPolicy(parts.model, parts.tokenizer, parts.features, cfg, manifest, manifest_path, draft)
 
 
-def _build(entry: dict, where: str, manifest_path: Path, cfg: FactoryPolicyConfig) -> PolicyParts:
+def _build(entry: dict, where: str, manifest_path: Path, cfg: FactoryPolicyConfig,
+           max_weights_mb: float) -> PolicyParts:
     """Call the factory of `entry` (the manifest, or its "draft") and load its weights into the model."""
     name, args = entry.get("factory"), entry.get("factory_args", {})
     if not isinstance(name, str) or ":" not in name:
@@ -175,7 +193,10 @@ def _build(entry: dict, where: str, manifest_path: Path, cfg: FactoryPolicyConfi
                          f"got {name!r}")
     if not isinstance(args, dict):
         raise ValueError(f"{manifest_path}: {where}factory_args must be an object, got {type(args).__name__}")
-    factory = import_factory(name, manifest_path.parent)
+    try:
+        factory = import_factory(name, manifest_path.parent)
+    except ValueError as e:
+        raise ValueError(f"{manifest_path}: {where}{e}") from None
     try:
         parts = factory(cfg, **args)
     except Exception as e:  # the user's code: any error, named with the manifest and the factory
@@ -191,62 +212,36 @@ def _build(entry: dict, where: str, manifest_path: Path, cfg: FactoryPolicyConfi
         raise ValueError(f"{head} a tokenizer with {got} and decode: {hasattr(parts.tokenizer, 'decode')}; "
                          f"config has {shape}")
     if "weights" in entry:
-        parts.model.load_state_dict(load_weights(manifest_path.parent / entry["weights"], entry.get("sha256")))
+        try:
+            path = inside(manifest_path.parent, entry["weights"], f"{where}weights")
+        except ValueError as e:
+            raise ValueError(f"{manifest_path}: {e}") from None
+        parts.model.load_state_dict(load_state_dict(path, entry.get("sha256"), max_weights_mb))
     parts.model.eval()
     return parts
 
 
-def load_weights(path: Path, sha256: str | None) -> dict[str, torch.Tensor]:
-    """A state dict from `path` without unpickling: safetensors for .safetensors, else torch.load(weights_only=True).
-    Raises ValueError when sha256 is missing or does not match, FileNotFoundError for a missing file."""
-    blob = Path(path).read_bytes()
-    digest = hashlib.sha256(blob).hexdigest()
-    if sha256 != digest:
-        raise ValueError(f"{path}: sha256 {digest} does not match the manifest's {sha256}")
-    if Path(path).suffix == ".safetensors":
-        try:
-            from safetensors.torch import load as load_safetensors
-        except ImportError:
-            raise ImportError(f"{path}: .safetensors weights need the safetensors package (pip install "
-                              "safetensors), or save them with torch.save as .pt") from None
-        return load_safetensors(blob)
-    return torch.load(io.BytesIO(blob), weights_only=True, map_location="cpu")
-
-
 def import_factory(name: str, folder: Path) -> Callable:
-    """The function `name` ("file.py:function" relative to folder, or "module:function"), imported with folder at
-    the head of sys.path for that import only. Raises FileNotFoundError, ImportError (and whatever importing the
-    module raises), ValueError when it has no such function."""
+    """The function `name` ("file.py:function", or "package.module:function" for package/module.py, inside
+    folder) from its module, imported by file path under a private module name (sys.path untouched; imported
+    once per file). Raises ValueError for a module path outside folder (absolute, `..`, a symlink out of it) or
+    without the function, FileNotFoundError for a missing file, and whatever running the module raises."""
     module_name, fn_name = name.rsplit(":", 1)
-    with _on_path(folder):
-        if module_name.endswith(".py"):
-            file = (folder / module_name).resolve()
-            key = f"_edgeinfer_factory_{hashlib.sha256(str(file).encode()).hexdigest()[:16]}"
-            if key not in sys.modules:
-                spec = importlib.util.spec_from_file_location(key, file)
-                if spec is None or not file.is_file():
-                    raise FileNotFoundError(f"factory module {file} not found")
-                module = importlib.util.module_from_spec(spec)
-                sys.modules[key] = module  # before running it: dataclasses look their module up
-                try:
-                    spec.loader.exec_module(module)
-                except BaseException:
-                    del sys.modules[key]
-                    raise
-            module = sys.modules[key]
-        else:
-            module = importlib.import_module(module_name)
-    fn = getattr(module, fn_name, None)
+    rel = module_name if module_name.endswith(".py") else module_name.replace(".", "/") + ".py"
+    file = inside(folder, rel, f"factory {name!r}")
+    if not file.is_file():
+        raise FileNotFoundError(f"factory {name!r}: module {file} not found")
+    key = f"_edgeinfer_factory_{hashlib.sha256(str(file).encode()).hexdigest()[:16]}"
+    if key not in sys.modules:
+        spec = importlib.util.spec_from_file_location(key, file)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[key] = module  # before running it: dataclasses look their module up
+        try:
+            spec.loader.exec_module(module)
+        except BaseException:
+            del sys.modules[key]
+            raise
+    fn = getattr(sys.modules[key], fn_name, None)
     if not callable(fn):
         raise ValueError(f"factory {name}: {module_name} has no function {fn_name!r}")
     return fn
-
-
-@contextmanager
-def _on_path(folder: Path):
-    entry = str(Path(folder).resolve())
-    sys.path.insert(0, entry)
-    try:
-        yield
-    finally:
-        sys.path.remove(entry)

@@ -60,9 +60,11 @@ class TorchModuleEngine:
     above (default: the module's prefix_kind / cache_kind attributes). step_kwargs: extra keyword arguments
     of every step call (e.g. {"inplace": False} runs engines/model.py's ActionTransformer functionally).
     cfg: the module's `cfg` attribute, if any. Logits come back as float32 numpy (T, V).
-    selftest: decode a short sequence several ways at load (engines/protocol_check.py, about 13 passes) and
-    refuse a module whose cache does not rewind; probe: the prefix it decodes after (default: the prompt
-    [0, 1], or a random observation of cfg.obs_dim). selftest_report: its SelfTestReport (None if skipped).
+    selftest: decode a whole chunk several ways at load (engines/protocol_check.py, 2 n_tokens + 5 passes)
+    and refuse a module whose cache does not rewind at any position of it; n_tokens: the longest chunk it will
+    decode (default: cfg.n_tokens, else protocol_check.DEFAULT_TOKENS); probe: the prefix it decodes after
+    (default: the prompt [0, 1], or a random observation of cfg.obs_dim). selftest_report: its SelfTestReport
+    (None if skipped).
     Raises ValueError for an unknown kind, a "tokens" prefill without a prompt, or a pass that would leave
     a gap after the cached positions of an append cache; ProtocolViolation (a ValueError) for a module that
     fails the self-test.
@@ -71,7 +73,8 @@ class TorchModuleEngine:
     backend = "torch-module"
 
     def __init__(self, module: torch.nn.Module, prefix: str | None = None, cache: str | None = None, *,
-                 step_kwargs: dict | None = None, selftest: bool = True, probe: np.ndarray | None = None):
+                 step_kwargs: dict | None = None, selftest: bool = True, probe: np.ndarray | None = None,
+                 n_tokens: int | None = None):
         self.prefix_kind = prefix or getattr(module, "prefix_kind", None)
         self.cache_kind = cache or getattr(module, "cache_kind", None)
         if self.prefix_kind not in PREFIX_KINDS:
@@ -87,7 +90,7 @@ class TorchModuleEngine:
         self.precision, self.device = _PRECISION.get(self.dtype, str(self.dtype)), str(self._dev)
         self._kwargs = step_kwargs or {}
         self.reset_cache()
-        self.selftest_report = self_test(self, probe) if selftest else None
+        self.selftest_report = self_test(self, probe, n_tokens) if selftest else None
 
     def reset_cache(self) -> None:
         """A fresh cache from module.empty_cache: what a decode started on a new engine sees."""

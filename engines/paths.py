@@ -8,6 +8,7 @@ LARGE_POLICY = WEIGHTS_DIR / "schunk_large_target.json"  # the same data and spl
 DCT_POLICY = WEIGHTS_DIR / "schunk_dct_target.json"  # the same data, split and seed, `--tokenizer dct`
 DCT_DRAFT = WEIGHTS_DIR / "schunk_dct_draft.json"  # its learned drafter, distilled as schunk_draft
 TRAINED_DIR = Path("out") / "policies"  # default folder of `edgeinfer train` / `distill` outputs, under the cwd
+MAX_WEIGHTS_MB = 1024.0  # default cap of one policy weights file, MB (the largest shipped one: 12.9 MB)
 
 
 def check_writable(out: Path, overwrite_shipped: bool) -> None:

@@ -23,6 +23,7 @@ from edgeinfer.engines.dct_tokenizer import DctTokenizer
 from edgeinfer.engines.model import ActionTransformer, PolicyConfig
 from edgeinfer.engines.paths import DEFAULT_POLICY
 from edgeinfer.engines.tokenizer import ActionTokenizer, tokenizer_from_state
+from edgeinfer.engines.weights_io import MAX_WEIGHTS_MB, inside, load_state_dict
 
 
 def observation_features(q_rad: np.ndarray, qd_rad_s: np.ndarray, q_prev_rad: np.ndarray) -> np.ndarray:
@@ -102,13 +103,17 @@ class Policy:
         self.manifest = manifest
 
 
-def load_policy(manifest_path: Path | str = DEFAULT_POLICY, manifest: dict | None = None) -> Policy:
+def load_policy(manifest_path: Path | str = DEFAULT_POLICY, manifest: dict | None = None,
+                max_weights_mb: float = MAX_WEIGHTS_MB) -> Policy:
     """Load the built-in action-token policy from its manifest JSON (manifest: its content, if already read).
+    The weights file (inside the manifest's folder, at most max_weights_mb MB) is read once, hashed and loaded
+    from those bytes (engines/weights_io.py).
 
     The tokenizer is the manifest's "tokenizer" by its "kind" (engines/tokenizer.tokenizer_from_state: step when
     absent, or dct). Raises FileNotFoundError if a file is missing, ValueError if the weights' sha256 does not
-    match, the manifest's config is not a PolicyConfig (naming the key), the tokenizer's kind is unknown or its
-    shape does not fit the config, or it names a factory (engines/served.py).
+    match (or they lie outside the folder, are over the cap or not a regular file), the manifest's config is
+    not a PolicyConfig (naming the key), the tokenizer's kind is unknown or its shape does not fit the config,
+    or it names a factory (engines/served.py).
     """
     manifest_path = Path(manifest_path)
     manifest = json.loads(manifest_path.read_text()) if manifest is None else manifest
@@ -116,7 +121,7 @@ def load_policy(manifest_path: Path | str = DEFAULT_POLICY, manifest: dict | Non
         raise ValueError(f"{manifest_path} is a factory policy (engines/factory.py): serve, replay, hil, launch and "
                          "the embedded Controller run it; this command takes the built-in policy only")
     try:
-        return _build(manifest_path, manifest)
+        return _build(manifest_path, manifest, max_weights_mb)
     except KeyError as e:
         raise ValueError(f"{manifest_path}: missing key {e.args[0]!r}") from None
     except (ValueError, RuntimeError) as e:  # a tokenizer, config or state dict that does not fit: name the file
@@ -125,15 +130,12 @@ def load_policy(manifest_path: Path | str = DEFAULT_POLICY, manifest: dict | Non
                          else f"{manifest_path}: {text.splitlines()[0]}") from e
 
 
-def _build(manifest_path: Path, manifest: dict) -> Policy:
-    weights_path = manifest_path.parent / manifest["weights"]
-    blob = weights_path.read_bytes()
-    digest = hashlib.sha256(blob).hexdigest()
-    if digest != manifest["sha256"]:
-        raise ValueError(f"{weights_path}: sha256 {digest} does not match manifest {manifest['sha256']}")
+def _build(manifest_path: Path, manifest: dict, max_weights_mb: float) -> Policy:
+    weights_path = inside(manifest_path.parent, manifest["weights"], "weights")
+    state = load_state_dict(weights_path, manifest["sha256"], max_weights_mb)  # read once: the bytes hashed
     model = ActionTransformer(load(PolicyConfig, manifest["config"], where="config", file=manifest_path))
     try:
-        model.load_state_dict(torch.load(weights_path, weights_only=True, map_location="cpu"))
+        model.load_state_dict(state)
     except RuntimeError as e:  # torch lists every mismatched tensor: the first line says what
         raise ValueError(f"weights {weights_path.name} do not fit config {manifest['config']}: "
                          f"{str(e).splitlines()[0]}") from e

@@ -4,22 +4,29 @@ Speculative decoding is exact only if the logits at engine position p depend on 
 alone: not on a rejected draft that was fed and rolled back, not on how the positions were split into passes,
 not on the sequence decoded before. A module that breaks this (a recurrent state that cannot rewind, an
 append cache whose truncate_cache keeps the entries, a multi-token pass without a causal mask) decodes with
-no error and drifts from target-only decoding a few tokens after the first rejected draft. The self-test
-decodes one short sequence (the probe prefix, then n random tokens) through the engine in several ways and
-compares every logits row with the reference:
+no error and drifts from target-only decoding a few tokens after the first rejected draft; a sliding-window
+(rotating) cache does so only once the sequence is longer than its window (mlx-lm's RotatingKVCache, whose
+trim cannot bring back the entries a rejected draft overwrote). So the self-test decodes the whole chunk: the
+probe prefix, then n random tokens (n: the policy's longest chunk, all its tokens: engine positions 0..n), in
+several ways, and compares every logits row with the reference:
 
     reference            fresh cache (module.empty_cache), the prefill, then one token per pass:
                          target-only decoding
     "fresh cache"        a new empty_cache and the prefill again (state kept outside the cache shows here)
     "multi-token pass"   then all n tokens in one pass (as a verify pass feeds them)
-    "rollback"           then rollback(2), a rejected draft of 3 other tokens at positions 2..4, rollback(2),
-                         and the real tokens at positions 2..n in one pass
+    "rollback"           then a fresh cache, the prefill and, at every position p = 1..n, speculative decoding
+                         with every draft rejected: rollback(p), then one pass of the real token at p and a
+                         rejected draft of min(k, n - p) other tokens at p+1.. (k: the most drafts a pass
+                         verifies; default: to the chunk's end, every k a decode can use); each pass's row
+                         at p must be the reference's
     "prefill"            on that used cache, a new prefill and the n tokens in one pass (the next chunk)
 
+Positions past n are never fed: speculative decoding clamps k to the tokens left (core/speculative.py), so a
+chunk of n tokens reaches engine position n - 1 and the self-test, position n.
 Each clause is checked on a state the clauses before it have cleared, so the first that fails is the one
-broken. A row fails when max |got - reference| exceeds rtol x the largest |reference logit|. Cost: n + 7
-forward passes (13 for n = 6); the module must hold the prefix and n tokens (the prompt's P tokens + n
-positions for prefix kind "tokens").
+broken. A row fails when max |got - reference| exceeds rtol x the largest |reference logit|. Cost: 2n + 5
+forward passes (101 for the built-in policy's 48 tokens), n of them rollback passes of up to k + 1 tokens;
+the module must hold the prefix and n tokens (the prompt's P tokens + n positions for prefix kind "tokens").
 
 check_speculative then decodes whole chunks, as the runtime does: speculative decoding with each drafter (and an
 oracle that proposes target-only's tokens with every third one changed, so that passes both keep and reject
@@ -36,9 +43,8 @@ import torch
 
 from edgeinfer.core.speculative import FixedK, speculative_decode
 
-ROLLBACK_AT = 2  # the rollback clause keeps engine positions 0 and 1: the prefix and the first token
-JUNK_TOKENS = 3  # the rejected draft's length
-MIN_TOKENS = ROLLBACK_AT + JUNK_TOKENS - 1  # the draft overwrites real positions only
+DEFAULT_TOKENS = 8  # positions decoded when neither the caller nor the module's cfg (n_tokens) gives a chunk
+MIN_TOKENS = 4  # the rollback clause needs drafts rejected at two positions or more
 # relative tolerances: a pass of T tokens may sum in another order than T passes of one token (< 1e-6 of the
 # largest logit in fp32 on CPU; bf16 rounds each op to 4e-3); a stale cache entry moves them by 0.1-0.5
 RTOL = {torch.float64: 1e-6, torch.float32: 1e-3}
@@ -84,28 +90,33 @@ def default_probe(engine) -> np.ndarray:
     return np.random.default_rng(0).standard_normal(obs_dim).astype(np.float32)
 
 
-def self_test(engine, probe: np.ndarray | None = None, n_tokens: int = 6,
+def self_test(engine, probe: np.ndarray | None = None, n_tokens: int | None = None, k: int | None = None,
               rtol: float | None = None) -> SelfTestReport:
     """Run the clauses of the module docstring on `engine` (a TorchModuleEngine), then give it a fresh cache.
 
-    probe: the prefix (see default_probe). n_tokens: tokens after it, >= 4. rtol: relative tolerance
+    probe: the prefix (see default_probe). n_tokens: the longest chunk, tokens decoded after the prefix, >= 4
+    (default: the module's cfg.n_tokens, else DEFAULT_TOKENS); the module must hold engine positions
+    0..n_tokens. k: the most drafts a pass verifies (default: to the chunk's end). rtol: relative tolerance
     (default by the module's dtype: RTOL, else LOW_PRECISION_RTOL). Returns a SelfTestReport.
     Raises ProtocolViolation (a ValueError) naming the module, the clause broken, the engine position and
-    the difference; ValueError for n_tokens < 4 or a probe that default_probe cannot make.
+    the difference; ValueError for n_tokens < 4, k < 1 or a probe that default_probe cannot make.
     """
-    if n_tokens < MIN_TOKENS:
-        raise ValueError(f"self_test: n_tokens must be >= {MIN_TOKENS}, got {n_tokens}")
+    n = getattr(engine.cfg, "n_tokens", DEFAULT_TOKENS) if n_tokens is None else n_tokens
+    if not isinstance(n, int) or n < MIN_TOKENS:
+        raise ValueError(f"self_test: n_tokens must be an int >= {MIN_TOKENS}, got {n!r}")
+    if k is not None and k < 1:
+        raise ValueError(f"self_test: k must be >= 1 (or None: to the chunk's end), got {k}")
+    k = n if k is None else k
     prefix = default_probe(engine) if probe is None else probe
     name = type(engine.module).__name__
-    m, n = ROLLBACK_AT, n_tokens
 
     engine.reset_cache()
     rows = [engine.forward(prefix, (), 0)]
     vocab = max(rows[0].shape[-1], 2)  # (a narrower row fails the check below)
     rng = np.random.default_rng(0)
     real = rng.integers(0, vocab, n).tolist()  # the token at engine position p >= 1 is real[p - 1]
-    junk = ((np.array(real[m - 1:m - 1 + JUNK_TOKENS]) + rng.integers(1, vocab, JUNK_TOKENS))
-            % vocab).tolist()  # differs from the real token at every position
+    # junk[p]: a rejected draft's token at engine position p, never the real one
+    junk = [0] + ((np.array(real) + rng.integers(1, vocab, n)) % vocab).tolist()
     rows += [engine.forward(None, [tok], p) for p, tok in enumerate(real, 1)]
     for p, row in enumerate(rows):
         if row.shape != (1, vocab) or not np.all(np.isfinite(row)):
@@ -121,19 +132,23 @@ def self_test(engine, probe: np.ndarray | None = None, n_tokens: int = 6,
           "the output depends on state kept outside the cache: a prefill on a new module.empty_cache()")
     check("multi-token pass", engine.forward(None, real, 1), 1, n + 1,
           f"a pass of {n} tokens at engine positions 1..{n} differs from {n} single-token passes")
-
-    engine.rollback(m)
-    engine.forward(None, junk, m)
-    engine.rollback(m)
-    check("rollback", engine.forward(None, real[m - 1:], m), m, n + 1,
-          f"rollback({m}) did not forget positions >= {m} ({_ROLLBACK_CAUSE[engine.cache_kind]}): after a "
-          f"rejected draft at positions {m}..{m + JUNK_TOKENS - 1} and rollback({m})")
-
+    # every pass rejects all its drafts, so every position p >= 2 is first read after a rollback(p) that had
+    # to forget a draft written at p.. (a window's worth later than a short probe would reach)
+    engine.reset_cache()  # a fresh cache (cleared above) and prefill: each row below follows rejected drafts only
+    engine.forward(prefix, (), 0)
+    walk = []
+    for p in range(1, n + 1):
+        engine.rollback(p)
+        walk.append(engine.forward(None, [real[p - 1], *junk[p + 1:p + 1 + min(k, n - p)]], p)[:1])
+    check("rollback", np.concatenate(walk), 1, n + 1,
+          f"rollback(p) did not forget positions >= p ({_ROLLBACK_CAUSE[engine.cache_kind]}): decoding "
+          f"{n} tokens with a rejected draft of up to {min(k, n - 1)} tokens after each position p and "
+          f"rollback(p) before the next pass")
     check("prefill", engine.forward(prefix, real, 0), 0, n + 1,
           "a new prefill did not forget the previous sequence (a cache not rewritten or truncated from "
           "position 0): on a used cache")
     engine.reset_cache()
-    return SelfTestReport(check.worst, check.rtol, passes=n + 7)
+    return SelfTestReport(check.worst, check.rtol, passes=2 * n + 5)
 
 
 def check_speculative(engine, cases: Sequence[tuple[np.ndarray, tuple]], n_tokens: int, drafters: dict,

@@ -12,18 +12,22 @@ from pathlib import Path
 
 from edgeinfer.engines.paths import DEFAULT_POLICY
 from edgeinfer.engines.policy import Policy, load_policy
+from edgeinfer.engines.weights_io import MAX_WEIGHTS_MB
 
 
-def load_served_policy(manifest_path: Path | str = DEFAULT_POLICY):
+def load_served_policy(manifest_path: Path | str = DEFAULT_POLICY, trust_code: bool = False,
+                       max_weights_mb: float = MAX_WEIGHTS_MB):
     """A factory policy (engines/factory.py FactoryPolicy) when the manifest names a "factory", else the built-in
-    Policy. Raises as load_policy and load_factory_policy do."""
+    Policy. trust_code: the opt-in to run a factory's code (RuntimeConfig.trust_policy_code); max_weights_mb:
+    the cap of each weights file. Raises as load_policy and load_factory_policy do (PolicyCodeRefused: a factory
+    manifest without trust_code)."""
     manifest_path = Path(manifest_path)
     manifest = json.loads(manifest_path.read_text())
     if "factory" in manifest:
         from edgeinfer.engines.factory import load_factory_policy  # torch modules of the user's: only when asked
 
-        return load_factory_policy(manifest_path, manifest)
-    return load_policy(manifest_path, manifest)
+        return load_factory_policy(manifest_path, manifest, trust_code, max_weights_mb)
+    return load_policy(manifest_path, manifest, max_weights_mb)
 
 
 def open_engine(policy, backend: str = "torch", precision: str = "fp32", device: str = "cpu", threads: int = 1):

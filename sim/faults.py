@@ -1,10 +1,16 @@
 """Network fault injection on the replayer's observation stream: drops, loss bursts, delays, duplicates,
-reordering and malformed frames, seeded so that a run can be repeated exactly.
+reordering, malformed frames and adversarial observations, seeded so that a run can be repeated exactly.
 
 The replayer hands every encoded observation to a FaultInjector instead of the socket; the injector decides
 its fate and keeps the delayed and held-back ones until they are due. Per observation it always draws the
 same number of uniforms from one numpy Generator (delays and garbage bytes come from two others), so the
-fates are a function of the seed and the row, and turning one fault kind on or off does not move the others.
+fates are a function of the seed and the row, and turning one fault kind on or off does not move the others
+(adversarial observations draw from a Generator of their own, three uniforms per observation).
+
+An adversarial observation is hostile but valid: wire.decode accepts it, and what it carries is what a broken
+or malicious robot client could send (ADVERSARIAL: positions far outside any joint box, values that overflow
+float32, another joint count, huge velocities, timestamps far in the past or future, a seq near 2**63). It takes
+the place of the row's observation and then meets that row's network fate (delayed, duplicated, reordered).
 
 Loss bursts follow a simple two-state model (a burst starts with probability burst_rate per observation and
 then loses burst_len observations in a row), the degenerate Gilbert-Elliott channel (Gilbert 1960, Bell Syst.
@@ -19,7 +25,13 @@ from dataclasses import dataclass
 import numpy as np
 import zmq
 
-KINDS = ("dropped", "burst_dropped", "malformed", "delayed", "duplicated", "reordered")
+from edgeinfer.core.wire import MAX_JOINTS, Observation, decode, encode
+
+KINDS = ("dropped", "burst_dropped", "malformed", "delayed", "duplicated", "reordered", "adversarial")
+# Hostile but valid observations (adversarial_observation). wrong_joints is the one a receiver refuses at its entry
+# (a joint count other than its arm's); the others reach the nodes, which must keep the arm inside its limits.
+ADVERSARIAL = ("outside_box", "huge_position", "overflow_f32", "wrong_joints", "huge_velocity", "t_past",
+               "t_future", "seq_huge")
 _MALFORMED = ("garbage", "truncated_header", "missing_frames")
 _DISTRIBUTIONS = {"fixed": 1, "exp": 1, "uniform": 2, "normal": 2}
 
@@ -40,6 +52,37 @@ def parse_delay(spec: str) -> tuple[str, tuple[float, ...]]:
     return name, params
 
 
+def adversarial_observation(obs: Observation, kind: str, u: float) -> Observation:
+    """A hostile but valid copy of `obs` (wire.encode and decode accept it) of ADVERSARIAL kind `kind`; u in [0, 1)
+    picks the variant: the sign of each joint, how far, which joint count, which timestamp. Joint arrays stay
+    float64 rad / rad/s; extras are kept. Raises ValueError for an unknown kind."""
+    d = len(obs.q_rad)
+    signs = np.where((int(u * 2**d) >> np.arange(d)) & 1, 1.0, -1.0)
+    seq, t_ns, q, qd, q_prev = obs.seq, obs.t_ns, obs.q_rad, obs.qd_rad_s, obs.q_prev_rad
+    far = u < 0.5  # the first half of the variants: an hour away; the second: the end of int64
+    if kind == "outside_box":  # 5 to 10 rad: outside every revolute joint's box (the Schunk LWA 4P's is 2.967)
+        q = q_prev = signs * (5.0 + 10.0 * (u % 0.5))
+    elif kind == "huge_position":
+        q = q_prev = signs * 1e6
+    elif kind == "overflow_f32":  # finite in float64, inf in a float32 model
+        q = q_prev = signs * 1e39
+    elif kind == "wrong_joints":  # 1, 3 or d + 1 joints (7 for a 6-joint arm)
+        counts = [n for n in (1, 3, d + 1 if d < MAX_JOINTS else d - 1) if n != d]
+        n = counts[int(u * len(counts))]
+        q, qd, q_prev = (np.resize(a, n) for a in (q, qd, q_prev))
+    elif kind == "huge_velocity":
+        qd = signs * 1e6
+    elif kind == "t_past":
+        t_ns = max(t_ns - 3_600_000_000_000, -2**63) if far else -2**63
+    elif kind == "t_future":
+        t_ns = min(t_ns + 3_600_000_000_000, 2**63 - 1) if far else 2**63 - 1
+    elif kind == "seq_huge":
+        seq = 2**63 - 1 - int(u * 1000)
+    else:
+        raise ValueError(f"adversarial kind {kind!r}: expected one of {ADVERSARIAL}")
+    return Observation(seq, t_ns, q, qd, q_prev, obs.extra, obs.extra_layout)
+
+
 @dataclass
 class NetworkFaultConfig:
     """Faults applied to the observations the replayer publishes (all off by default). Raises ValueError for a
@@ -57,10 +100,14 @@ class NetworkFaultConfig:
     # P(an observation is replaced by a garbage multipart message: random bytes, a truncated header, or a header
     # without its array frames).
     malformed_rate: float = 0.0
+    # P(an observation is replaced by a hostile but valid one, of a kind drawn at random: positions of 5-10 rad, 1e6
+    # or 1e39 rad, 1, 3 or D+1 joints, velocities of 1e6 rad/s, t_ns an hour or int64 away, seq near 2**63).
+    adversarial_rate: float = 0.0
     fault_seed: int = 0  # seed of the injector's numpy Generator
 
     def __post_init__(self):
-        for name in ("drop_rate", "burst_rate", "delay_rate", "duplicate_rate", "reorder_rate", "malformed_rate"):
+        for name in ("drop_rate", "burst_rate", "delay_rate", "duplicate_rate", "reorder_rate", "malformed_rate",
+                     "adversarial_rate"):
             value = getattr(self, name)
             if not 0.0 <= value <= 1.0:
                 raise ValueError(f"NetworkFaultConfig.{name} must be in [0, 1], got {value}")
@@ -72,7 +119,7 @@ class NetworkFaultConfig:
     @property
     def active(self) -> bool:
         return bool(self.drop_rate or self.burst_rate or (self.delay_ms and self.delay_rate) or self.duplicate_rate
-                    or self.reorder_rate or self.malformed_rate)
+                    or self.reorder_rate or self.malformed_rate or self.adversarial_rate)
 
 
 class FaultInjector:
@@ -88,6 +135,9 @@ class FaultInjector:
         self.rng = np.random.default_rng(cfg.fault_seed)
         self.delay_rng = np.random.default_rng([cfg.fault_seed, 1])
         self.garbage_rng = np.random.default_rng([cfg.fault_seed, 2])  # what a malformed message looks like
+        self.adversarial_rng = np.random.default_rng([cfg.fault_seed, 3])  # whether, which kind, which variant
+        self._a = np.ones(3)
+        self.adversarial_kinds: Counter = Counter()
         self.delay = parse_delay(cfg.delay_ms) if cfg.delay_ms else None
         self.counts: Counter = Counter({k: 0 for k in KINDS})
         self.malformed_kinds: Counter = Counter()
@@ -122,12 +172,18 @@ class FaultInjector:
             return [header[: len(header) // 2], *frames[1:]]
         return [header]  # the arrays the header announces are missing
 
+    def _adversarial(self, frames: list) -> list:
+        kind = ADVERSARIAL[int(self._a[1] * len(ADVERSARIAL))]
+        self.adversarial_kinds[kind] += 1
+        return encode(adversarial_observation(decode(frames), kind, float(self._a[2])))
+
     def decide(self, row: int) -> tuple[str | None, bool, bool]:
         """The fate of the next observation, from the seeded draws alone: (loss kind "dropped" |
-        "burst_dropped" | "malformed" | None, delayed, duplicated). Reordering is decided at submit (it needs
-        a free hold slot). Six uniforms per call whatever is switched on, so the pattern is a function of
-        the seed and the row count only."""
+        "burst_dropped" | "malformed" | None, delayed, duplicated). Reordering and adversarial replacement are
+        decided at submit (from draws made here). Six uniforms per call (and three of the adversarial
+        Generator) whatever is switched on, so the pattern is a function of the seed and the row count only."""
         cfg = self.cfg
+        self._a = self.adversarial_rng.random(3)
         self._u = u = self.rng.random(6)
         if self.burst_left > 0:
             self.burst_left -= 1
@@ -154,6 +210,9 @@ class FaultInjector:
             if loss == "malformed":
                 self._send(self._malformed(frames), sock)
         else:
+            if self._a[0] < self.cfg.adversarial_rate:
+                self._count("adversarial", row)
+                frames = self._adversarial(frames)
             copies = 2 if duplicated else 1
             if duplicated:
                 self._count("duplicated", row)
@@ -196,7 +255,8 @@ class FaultInjector:
             self.send_failures += 1
 
     def report(self) -> dict:
-        """What was injected: the config, counts per kind, malformed kinds and the affected rows."""
+        """What was injected: the config, counts per kind, malformed and adversarial kinds and the affected rows."""
         return {"seed": self.cfg.fault_seed, "config": {k: getattr(self.cfg, k) for k in self.cfg.__dataclass_fields__},
                 "counts": dict(self.counts), "malformed_kinds": dict(self.malformed_kinds),
+                "adversarial_kinds": dict(self.adversarial_kinds),
                 "rows": {k: v for k, v in self.rows.items() if v}, "send_failures": self.send_failures}

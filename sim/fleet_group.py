@@ -18,6 +18,7 @@ import zmq
 
 from edgeinfer.core import clock, transport
 from edgeinfer.core.lifecycle import InterruptSignals, ParentWatch
+from edgeinfer.core.logwriter import emit
 from edgeinfer.core.wire import Start, Stop
 from edgeinfer.logs import read_log
 from edgeinfer.logs.arm_log import ArmLog, synthetic_log
@@ -97,7 +98,7 @@ def run_group(cfg: FleetRobotsConfig) -> int:
     signals = InterruptSignals()
     parent = ParentWatch()
     if warning := clock.try_realtime(cfg.robot_priority):  # before the context: its I/O thread inherits it
-        print(f"{cfg.group}: {warning}", flush=True)
+        emit(f"{cfg.group}: {warning}")
     ctx = zmq.Context()
     clients: list[RobotClient] = []
     stopped = False

@@ -33,7 +33,18 @@ import zmq
 from edgeinfer.control.buffer import ChunkBuffer
 from edgeinfer.core import transport
 from edgeinfer.core.clock import now_ns
-from edgeinfer.core.wire import RUNGS, ActionChunk, Admission, Join, Observation, Stop, WireError, decode, encode
+from edgeinfer.core.wire import (
+    RUNGS,
+    ActionChunk,
+    Admission,
+    Join,
+    Observation,
+    Stop,
+    WireError,
+    check_joints,
+    decode,
+    encode,
+)
 from edgeinfer.logs.arm_log import ArmLog
 from edgeinfer.sim.pacing import should_skip
 from edgeinfer.sim.schedule import extra_of, tick_grid
@@ -197,6 +208,7 @@ class RobotClient:
     def on_frames(self, frames: list, t_recv: int) -> None:
         try:
             msg = decode(frames)
+            check_joints(msg, self.plan.log.n_joints)
         except WireError as e:
             self.counts[f"malformed.{e.kind}"] += 1
             return
@@ -300,9 +312,12 @@ def _drain(clients: list[RobotClient]) -> bool:
     for c in clients:
         while c.sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
             try:
-                frames = c.sock.recv_multipart(flags=zmq.NOBLOCK)
+                frames = transport.recv_frames(c.sock, zmq.NOBLOCK)  # no copy: decode checks sizes first
             except zmq.Again:
                 break
+            except WireError as e:  # more frames than a message has: read and dropped
+                c.counts[f"malformed.{e.kind}"] += 1
+                continue
             c.on_frames(frames, now_ns())
             got = True
     return got

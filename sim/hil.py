@@ -206,12 +206,13 @@ def hil(cfg: HilConfig, console: Console | None = None) -> dict:
     try:
         try:
             obs_pub = transport.pub(ctx, ep.obs, bind=True, curve=keys)
-            cmd_rx = transport.Receiver(transport.pull(ctx, ep.commands, bind=True, hwm=10_000, curve=keys))
+            cmd_rx = transport.Receiver(transport.pull(ctx, ep.commands, bind=True, hwm=10_000, curve=keys),
+                                        joints=log.n_joints)
             ready_rx = transport.Receiver(transport.pull(ctx, ep.ready, bind=True, curve=keys))
         except zmq.ZMQError as e:
             raise OSError(f"cannot bind the robot side's sockets ({e}): another run on ports PORT+2..PORT+5 of "
                           f"{cfg.endpoint}?") from None
-        chunk_rx = transport.Receiver(transport.sub(ctx, ep.chunks, hwm=10_000, curve=keys))
+        chunk_rx = transport.Receiver(transport.sub(ctx, ep.chunks, hwm=10_000, curve=keys), joints=log.n_joints)
         status_rx = transport.Receiver(transport.sub(ctx, ep.status, hwm=10_000, curve=keys))
         with console.status(f"waiting for the runtime at {cfg.endpoint} and the local control loop"):
             transport.wait_until_subscribed(obs_pub, "replayer", ready_rx, {"runtime", "control"},

@@ -52,6 +52,17 @@ def send_timing_report(t_sched_ns: np.ndarray, t_sent_ns: np.ndarray, skipped: n
             "late_threshold_us": late_ns / 1e3}
 
 
+def delivery_report(rec) -> dict:
+    """The report's "observations": every observation the replayer sent (pre-roll and rows; rec.obs_sent), those
+    its full queue refused (obs_refused: counted, never silent), and per node what arrived (`delivered`: the
+    "observations" counter of its last Stats, superseded ones included; None: no Stats came) and what did not
+    (`dropped` = sent - delivered; network faults injected on purpose count there too)."""
+    delivered = {name: (st.counters.get("observations") if (st := rec.node_stats.get(name)) else None)
+                 for name in ("control", "runtime")}
+    return {"sent": rec.obs_sent, "refused_full_queue": rec.obs_refused, "delivered": delivered,
+            "dropped": {name: None if n is None else rec.obs_sent - n for name, n in delivered.items()}}
+
+
 def replayer_section(rec, log) -> dict:
     """The report's "replayer" entry: send timing (send_timing_report), the faults injected (None when off),
     and what the reader did with the log (format, records sorted back into order, velocities or positions

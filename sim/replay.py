@@ -21,6 +21,7 @@ import gc
 import math
 import os
 import select
+import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -43,7 +44,7 @@ from edgeinfer.sim.config import ReplayConfig
 from edgeinfer.sim.faults import FaultInjector
 from edgeinfer.sim.host import measure_host, sched_state
 from edgeinfer.sim.metrics import summarize, write_ticks
-from edgeinfer.sim.pacing import scaled_period_ns, send_timing_report, should_skip
+from edgeinfer.sim.pacing import delivery_report, scaled_period_ns, send_timing_report, should_skip
 from edgeinfer.sim.plots import write_plots
 from edgeinfer.sim.preflight import check_run_fits, log_defaults, policy_shape
 from edgeinfer.sim.received import Chunks, Commands
@@ -54,6 +55,8 @@ from edgeinfer.sim.supervisor import Supervisor, gap_report, injected_section, s
 
 # chunk slots beyond one per replan (Recording.start): a restarted runtime plans on a new phase
 CHUNK_SLOTS_SPARE = 64
+# as fast as possible: how long a row waits for room in the observation queue before it is counted refused
+AFAP_WAIT_NS = 1_000_000_000
 
 
 @dataclass
@@ -76,6 +79,9 @@ class Recording:
     rejected_commands: int = 0
     duplicate_commands: int = 0  # a second command for a tick (the first one counts): a second sender?
     rejected_chunks: int = 0  # chunks with another joint count, or a field outside int64
+    # observations (pre-roll and rows) handed to ZMQ, and those its full queue refused (obs PUB nodrop: counted)
+    obs_sent: int = 0
+    obs_refused: int = 0
     malformed: int = 0
     interrupted: bool = False
     node_stats: dict = field(default_factory=dict)  # sender -> its newest wire.Stats
@@ -172,15 +178,18 @@ def replay(cfg: ReplayConfig, console: Console | None = None) -> dict:
     procs = [group.start(spec) for spec in replay_nodes(cfg, ep)]  # runtime, control
     # before the context: its I/O thread inherits both
     original_cpus = sorted(os.sched_getaffinity(0))
-    rt_warning = clock.enter_realtime(cfg.control.control_cpus, cfg.replayer_priority)
-    realtime = {"replayer": sched_state(0, cfg.replayer_priority)}
+    # As fast as possible has no schedule to keep: at real-time priority its busy send loop would only starve
+    # the ZMQ I/O thread (which inherits the priority, on the control loop's CPU) that has to ship the rows.
+    priority = 0 if cfg.as_fast_as_possible else cfg.replayer_priority
+    rt_warning = clock.enter_realtime(cfg.control.control_cpus, priority)
+    realtime = {"replayer": sched_state(0, priority)}
     ctx = zmq.Context()
     sup = None
     try:
-        obs_pub = transport.pub(ctx, ep.obs, bind=True)
-        cmd_rx = transport.Receiver(transport.pull(ctx, ep.commands, bind=True, hwm=10_000))
+        obs_pub = transport.pub(ctx, ep.obs, bind=True, nodrop=True)  # a full queue is known, never silent
+        cmd_rx = transport.Receiver(transport.pull(ctx, ep.commands, bind=True, hwm=10_000), joints=log.n_joints)
         ready_rx = transport.Receiver(transport.pull(ctx, ep.ready, bind=True))
-        chunk_rx = transport.Receiver(transport.sub(ctx, ep.chunks, hwm=10_000))
+        chunk_rx = transport.Receiver(transport.sub(ctx, ep.chunks, hwm=10_000), joints=log.n_joints)
         status_rx = transport.Receiver(transport.sub(ctx, ep.status, hwm=10_000))
         with console.status(f"starting runtime ({cfg.runtime.decode}) and control processes"):
             transport.wait_until_subscribed(obs_pub, "replayer", ready_rx, {"runtime", "control"},
@@ -225,8 +234,9 @@ def replay(cfg: ReplayConfig, console: Console | None = None) -> dict:
     report["limits"], report["policy_defaults"] = limits.section(), policy_defaults
     if cfg.garbage_per_row:
         report["garbage_sent"] = sup.garbage_sent
-    report["harness"]["replayer_priority"] = None if rt_warning else cfg.replayer_priority
+    report["harness"]["replayer_priority"] = None if rt_warning else priority
     report["host"] = host | {"realtime": realtime}
+    report["observations"] = delivery_report(rec)
     for role, code in exit_codes.items():
         if code != 0:
             console.print(f"[red]{role} process exited with code {code}; see {cfg.out / (role + '.log')}[/red]")
@@ -280,7 +290,9 @@ def stream(log: ArmLog, ticks: np.ndarray, stride: int, obs_pub, cmd_rx, chunk_r
     gc.disable()
     t0 = now_ns() + int(settle_ms * 1e6)
     period = scaled_period_ns(log.period_ns, pacing.time_scale)
-    tail = SpinTail(period)
+    # A spin of at most a quarter period: the rest is slept, when the ZMQ I/O thread (same priority, same CPU)
+    # ships what was sent; a spin of a whole period (200 us at --time-scale 20) starved it.
+    tail = SpinTail(period, min_ns=min(200_000, period // 4))
     n_pre = math.ceil(pre_roll_ms * 1e6 / period)
     ticks = np.asarray(ticks) + n_pre
     replan = pacing.runtime.replan_every_ticks or stride
@@ -304,7 +316,8 @@ def stream(log: ArmLog, ticks: np.ndarray, stride: int, obs_pub, cmd_rx, chunk_r
                 if injector is not None:
                     injector.skip(i)
             elif injector is None:
-                _send_frames(obs_pub, frames)
+                # as fast as possible: as fast as the queue empties, never a silent drop; on a schedule, never late
+                _send_frames(obs_pub, frames, rec, AFAP_WAIT_NS if afap else 0)
             else:
                 injector.submit(i, frames, t, obs_pub)
             _collect(cmd_rx, chunk_rx, rec, grabbed)
@@ -338,17 +351,28 @@ def _pre_roll(log: ArmLog, obs_pub, cmd_rx, chunk_rx, rec: Recording, tail: Spin
         frames = encode(Observation(k, due, q0, rest, q0, *extra0))
         grabbed = _collect_until(due, cmd_rx, chunk_rx, rec, tail=tail)
         if now_ns() < due + rec.period_ns:
-            _send_frames(obs_pub, frames)
+            _send_frames(obs_pub, frames, rec)
         else:
             rec.pre_roll_skipped += 1
         _collect(cmd_rx, chunk_rx, rec, grabbed)
 
 
-def _send_frames(sock, frames: list) -> None:
-    try:
-        sock.send_multipart(frames, flags=zmq.NOBLOCK, copy=False)
-    except zmq.Again:  # a PUB drops at its HWM instead; nothing to count here
-        pass
+def _send_frames(sock, frames: list, rec: Recording, wait_ns: int = 0) -> bool:
+    """Send one observation on the obs PUB (nodrop: a full queue raises Again instead of dropping silently),
+    retrying for up to wait_ns with 50 us sleeps, in which the ZMQ I/O thread ships the queue. Counted in
+    rec.obs_sent, or rec.obs_refused when the queue stayed full (False)."""
+    deadline = now_ns() + wait_ns
+    while True:
+        try:
+            sock.send_multipart(frames, flags=zmq.NOBLOCK, copy=False)
+            rec.obs_sent += 1
+            os.sched_yield()  # the ZMQ I/O thread (same real-time priority, same CPU) ships it now, not at our sleep
+            return True
+        except zmq.Again:
+            if now_ns() >= deadline:
+                rec.obs_refused += 1
+                return False
+            time.sleep(50e-6)
 
 
 def _collect_until(deadline_ns: int, cmd_rx, chunk_rx, rec: Recording, spin_ns: int = 200_000,

@@ -93,7 +93,10 @@ class Supervisor:
                                                    rec.t0_ns, rec.period_ns, rec.n_ticks))
         for _ in range(self.garbage_per_row):
             kind = GARBAGE_KINDS[sum(self.garbage_sent.values()) % len(GARBAGE_KINDS)]
-            self.obs_pub.send_multipart(malformed(kind, rec.n_ticks + i), flags=zmq.NOBLOCK)
+            try:
+                self.obs_pub.send_multipart(malformed(kind, rec.n_ticks + i), flags=zmq.NOBLOCK)
+            except zmq.Again:  # the obs PUB is nodrop: its queue is full, and garbage never waits
+                continue
             self.garbage_sent[kind] += 1
         if self.stall_at_row is not None and i >= self.stall_at_row and self.stalled is None:  # a skipped row too
             self._stall(i, int(rec.tick[i]))

@@ -1,6 +1,9 @@
 from pathlib import Path
 
 import pytest
+import zmq
+
+from edgeinfer.core.transport import Endpoints
 
 SCHUNK = Path(__file__).resolve().parents[2] / "shared" / "data" / "schunk_lwa4p"
 
@@ -37,3 +40,17 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture
+def ctx():
+    """A ZeroMQ context, destroyed (linger 0) after the test."""
+    c = zmq.Context()
+    yield c
+    c.destroy(linger=0)
+
+
+@pytest.fixture
+def ep():
+    """Free loopback endpoints for one run."""
+    return Endpoints.free_loopback()

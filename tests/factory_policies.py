@@ -10,7 +10,8 @@ from edgeinfer.engines.policy import Normaliser
 from edgeinfer.engines.tokenizer import ActionTokenizer
 
 D = 16  # model width
-LATE = 7  # LateStaleCache adds instead of writing from this position on (past the self-test's positions 0..6)
+LATE = 7  # LateStaleCache adds instead of writing from this position on (past the old self-test's positions 0..6)
+WINDOW = 8  # SlidingWindowCache's attention window and ring size, positions
 
 
 def _parts(model: nn.Module, config: FactoryPolicyConfig) -> PolicyParts:
@@ -77,9 +78,52 @@ class LateStaleCache(nn.Module):
         return self.head(x + F.scaled_dot_product_attention(q, k_cache, v_cache, attn_mask=mask))
 
 
+class SlidingWindowCache(nn.Module):
+    """One sliding-window attention layer (a query at p sees positions p - WINDOW + 1..p) over [observation, action
+    tokens], with a rotating cache as mlx-lm's RotatingKVCache: a ring of WINDOW slots (position j in slot
+    j % WINDOW) and the count of positions held, cache kind "append". A pass attends to the ring's positions and
+    its own, then writes its entries into the ring, so target-only decoding and multi-token passes are exact;
+    truncate_cache only moves the count back, as a ring cannot bring back the entries a rejected draft overwrote.
+    It decodes exactly until a rejected draft overwrites an entry still inside the window: from position
+    WINDOW - 1 on."""
+
+    prefix_kind, cache_kind = "obs", "append"
+
+    def __init__(self, obs_dim: int, n_bins: int, seq_len: int):
+        super().__init__()
+        self.obs_proj, self.emb, self.pos = nn.Linear(obs_dim, D), nn.Embedding(n_bins, D), nn.Embedding(seq_len, D)
+        self.qkv, self.head = nn.Linear(D, 3 * D), nn.Linear(D, n_bins)
+
+    def empty_cache(self, batch, dtype, device):
+        ring = torch.zeros(batch, WINDOW, D, dtype=dtype, device=device)
+        return ring, ring.clone(), 0  # k ring, v ring, positions held
+
+    def step(self, obs, tokens, input_pos, k_ring, v_ring, held):
+        x = torch.where((input_pos == 0)[None, :, None], self.obs_proj(obs)[:, None], self.emb(tokens))
+        x = x + self.pos(input_pos)
+        q, k, v = self.qkv(x).chunk(3, dim=-1)
+        old = torch.arange(max(0, held - WINDOW), held)  # the positions the ring holds, as far as it knows
+        keys, values = torch.cat([k_ring[:, old % WINDOW], k], 1), torch.cat([v_ring[:, old % WINDOW], v], 1)
+        at = torch.cat([old, input_pos])
+        mask = (at[None, :] <= input_pos[:, None]) & (at[None, :] > input_pos[:, None] - WINDOW)
+        y = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
+        k_ring, v_ring = k_ring.clone(), v_ring.clone()
+        last = slice(-WINDOW, None)  # a pass longer than the window keeps its last WINDOW entries
+        k_ring[:, input_pos[last] % WINDOW], v_ring[:, input_pos[last] % WINDOW] = k[:, last], v[:, last]
+        return self.head(x + y), k_ring, v_ring, int(input_pos[-1]) + 1
+
+    def truncate_cache(self, cache, n):
+        k_ring, v_ring, held = cache
+        return k_ring, v_ring, min(held, n)
+
+
 def recurrent(config: FactoryPolicyConfig) -> PolicyParts:
     return _parts(RecurrentPolicy(3 * config.n_joints, config.n_bins), config)
 
 
 def late_stale_cache(config: FactoryPolicyConfig) -> PolicyParts:
     return _parts(LateStaleCache(3 * config.n_joints, config.n_bins, config.seq_len), config)
+
+
+def sliding_window_cache(config: FactoryPolicyConfig) -> PolicyParts:
+    return _parts(SlidingWindowCache(3 * config.n_joints, config.n_bins, config.seq_len), config)

@@ -137,35 +137,6 @@ def test_a_chunk_whose_horizon_has_passed_is_expired():
 # ---- safety limits --------------------------------------------------------------------------
 
 
-def test_clamp_positions():
-    lim = SafetyLimits(q_min_rad=[-1.0, -2.0], q_max_rad=[1.0, 2.0], qd_max_rad_s=0.5)
-    q, clamped = lim.clamp(np.array([1.5, -3.0]), None, 0.1)
-    np.testing.assert_array_equal(q, [1.0, -2.0])
-    assert clamped is True
-    q, clamped = lim.clamp(np.array([0.5, -1.5]), None, 0.1)
-    np.testing.assert_array_equal(q, [0.5, -1.5])
-    assert clamped is False
-
-
-def test_clamp_velocity_per_tick():
-    lim = SafetyLimits(q_min_rad=[-1.0, -2.0], q_max_rad=[1.0, 2.0], qd_max_rad_s=0.5)
-    last = np.array([0.0, 0.0])
-    # 0.5 rad/s over 0.1 s: at most 0.05 rad from the last command
-    q, clamped = lim.clamp(np.array([0.2, -0.01]), last, 0.1)
-    np.testing.assert_allclose(q, [0.05, -0.01])
-    assert clamped is True
-    q, clamped = lim.clamp(np.array([0.04, -0.05]), last, 0.1)
-    np.testing.assert_allclose(q, [0.04, -0.05])
-    assert clamped is False
-    # box first ([-1, 2]), then the step from last ([0.5, 1.9] +- 0.05)
-    q, clamped = lim.clamp(np.array([-1.0, 2.5]), np.array([0.5, 1.9]), 0.1)
-    np.testing.assert_allclose(q, [0.45, 1.95])
-    assert clamped is True
-    # a longer period allows a bigger step: 0.5 rad/s * 1 s
-    q, _ = lim.clamp(np.array([0.9, 0.0]), last, 1.0)
-    np.testing.assert_allclose(q, [0.5, 0.0])
-
-
 @pytest.mark.parametrize("kwargs, match", [
     (dict(q_min_rad=[-1.0, -1.0], q_max_rad=[1.0]), "same length"),
     (dict(q_min_rad=[-1.0, 1.0], q_max_rad=[1.0, 1.0]), "below"),
@@ -243,4 +214,4 @@ def test_command_is_clamped_to_the_limits(wired_loop):
     np.testing.assert_allclose(cmd.q_rad, [2.98, -0.01])
     assert cmd.chunk_obs_seq == 10
     assert loop.stats.clamped == 2 and loop.stats.holds == 0
-    np.testing.assert_allclose(loop.last_q, [2.98, -0.01])
+    np.testing.assert_allclose(loop.gate.last_q_rad, [2.98, -0.01])

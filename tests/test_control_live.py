@@ -44,7 +44,7 @@ class Link:
         out, self.queue = [m for _, m in self.queue[:n]], self.queue[n:]
         return out
 
-    def recv_latest(self, timeout_ms):
+    def recv_latest(self, timeout_ms, limit=None):
         return transport.Latest(None, [], 0)
 
 

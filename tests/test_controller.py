@@ -10,6 +10,7 @@ import zmq
 
 from edgeinfer.control.buffer import ChunkBuffer
 from edgeinfer.control.command import CommandCounters, command
+from edgeinfer.control.gate import LimitGate
 from edgeinfer.control.loop import ControlConfig, ControlLoop
 from edgeinfer.control.safety import SafetyLimits
 from edgeinfer.core.clock import Ticker, now_ns
@@ -280,7 +281,9 @@ def test_the_command_path_clamps_over_the_measured_dt_capped_after_a_stall():
     counters, zero = CommandCounters(), np.zeros(1)
 
     def q_at(t_ns, last_t_ns):
-        return command(buffer, t_ns, zero, last_t_ns, zero, limits, 0.004, counters).q_rad[0]
+        gate = LimitGate(limits)
+        gate.last_q_rad, gate.last_t_ns = (zero, last_t_ns) if last_t_ns is not None else (None, None)
+        return command(buffer, t_ns, gate, zero, 0.004, counters).q_rad[0]
 
     assert q_at(T + 50 * MS, T) == pytest.approx(0.05)  # 50 ms measured: 0.05 rad at 1 rad/s
     assert q_at(T + 50 * MS, None) == pytest.approx(0.004)  # the first command: one configured period

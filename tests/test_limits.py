@@ -10,6 +10,8 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from edgeinfer.control.command import CommandCounters
+from edgeinfer.control.gate import LimitGate
 from edgeinfer.control.limits import DEFAULT_SOURCE, JointCountError, LimitsError, resolve_limits
 from edgeinfer.control.safety import SafetyLimits
 from edgeinfer.control.urdf_limits import UrdfError, read_urdf_limits
@@ -87,11 +89,11 @@ def test_continuous_joints_have_no_position_limit_and_a_missing_limit_is_named(t
                                         r"--qd-max-rad-s"):
         resolve_limits(SafetyLimits(urdf=path))
     resolved = resolve_limits(SafetyLimits(urdf=path, qd_max_rad_s=1.0))
-    clamp = resolved.limits.clamp
-    q, clamped = clamp(np.array([100.0, 0.5]), None, 0.01)  # a continuous joint may turn any number of times
-    assert q.tolist() == [100.0, 0.3] and clamped
-    q, _ = clamp(np.array([np.nan, 0.1]), None, 0.01)  # no last command: the box centre, 0 where it is unbounded
-    assert q.tolist() == [0.0, 0.15]
+    counters = CommandCounters()
+    q = LimitGate(resolved.limits).admit(np.array([100.0, 0.5]), 0, None, 0.01, counters)
+    assert q.tolist() == [100.0, 0.3] and counters.clamped == 1  # a continuous joint may turn any number of times
+    q = LimitGate(resolved.limits).admit(np.array([np.nan, 0.1]), 0, None, 0.01, counters)
+    assert q.tolist() == [0.0, 0.15]  # no last command: the box centre, 0 where it is unbounded
     assert resolved.section()["q_max_rad"] == [math.inf, 0.3]  # report.json writes inf as null
     with pytest.raises(UrdfError, match="URDF not found"):
         read_urdf_limits(tmp_path / "none.urdf")

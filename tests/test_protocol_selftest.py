@@ -149,7 +149,7 @@ def _tiny_llama() -> Llama:
 def test_conforming_modules_pass(make):
     engine = TorchModuleEngine(make())
     report = engine.selftest_report
-    assert set(report.worst) == CLAUSES and report.passes == 13 and report.rtol == 1e-3
+    assert set(report.worst) == CLAUSES and report.passes == 2 * 8 + 5 and report.rtol == 1e-3  # 8 tokens
     assert max(report.worst.values()) < 1e-5  # fp32: pass splits differ by rounding only
 
 
@@ -173,12 +173,12 @@ def test_builtin_policy_adapters_pass(policy):
 
 
 @pytest.mark.parametrize("module, clause, message", [
-    (Recurrent, "rollback", r"rollback\(2\) did not forget positions >= 2 \(a pass does not overwrite .*a recurrent "
-                            r"state.*after a rejected draft at positions 2\.\.4 and rollback\(2\), logits at "
-                            r"engine position 2 differ"),
-    (RecurrentAppend, "rollback", r"rollback\(2\) did not forget positions >= 2 \(truncate_cache\(cache, n\) kept"),
-    (TruncateKeeps, "rollback", r"rollback\(2\) did not forget positions >= 2 \(truncate_cache\(cache, n\) kept"),
-    (NoCausalMask, "multi-token pass", r"a pass of 6 tokens at engine positions 1\.\.6 differs from 6 single-token "
+    (Recurrent, "rollback", r"rollback\(p\) did not forget positions >= p \(a pass does not overwrite .*a "
+                            r"recurrent state.*decoding 8 tokens with a rejected draft of up to 7 tokens after each "
+                            r"position p and rollback\(p\) before the next pass, logits at engine position 2 differ"),
+    (RecurrentAppend, "rollback", r"rollback\(p\) did not forget .* \(truncate_cache\(cache, n\) kept.* position 2 "),
+    (TruncateKeeps, "rollback", r"rollback\(p\) did not forget .* \(truncate_cache\(cache, n\) kept.* position 2 "),
+    (NoCausalMask, "multi-token pass", r"a pass of 8 tokens at engine positions 1\.\.8 differs from 8 single-token "
                                        r"passes, logits at engine position 1 differ"),
     (TruncateZeroKeepsAll, "prefill", r"a new prefill did not forget the previous sequence"),
     (StateInModule, "fresh cache", r"state kept outside the cache"),
@@ -230,12 +230,39 @@ def test_selftest_leaves_a_fresh_cache():
 
 def test_selftest_argument_errors():
     engine = TorchModuleEngine(TinyAttention(), selftest=False)
-    with pytest.raises(ValueError, match="n_tokens must be >= 4"):
+    with pytest.raises(ValueError, match="n_tokens must be an int >= 4, got 3"):
         self_test(engine, n_tokens=3)
-    assert self_test(engine, n_tokens=4).passes == 11
+    with pytest.raises(ValueError, match="k must be >= 1"):
+        self_test(engine, k=0)
+    assert self_test(engine, n_tokens=4).passes == 13
 
 
 def _planner(k: int) -> TickPlanner:
     planner = TickPlanner(SchedulerConfig(k_max=k))
     planner.unlimited()
     return planner
+
+
+def test_sliding_window_cache_is_refused_where_a_rejected_draft_reaches_into_its_window():
+    """A rotating cache (mlx-lm's RotatingKVCache: a ring of WINDOW = 8 slots whose trim cannot restore what a
+    draft overwrote, tests/factory_policies.py) decodes exactly for 6 tokens: a short probe passed it. The
+    self-test decodes the whole chunk (12 tokens here) with rejected drafts of k tokens after every position and
+    names the first position that differs: none for k = 1 (the overwritten slot has left the window), WINDOW - 1
+    for k = 2, earlier for longer drafts."""
+    from factory_policies import WINDOW, sliding_window_cache
+
+    from edgeinfer.engines.factory import FactoryPolicyConfig
+
+    model = sliding_window_cache(FactoryPolicyConfig(n_joints=6, horizon=2, stride_ticks=5, n_bins=16)).model
+    probe = np.random.default_rng(0).standard_normal(18).astype(np.float32)
+    engine = TorchModuleEngine(model, probe=probe, n_tokens=6)  # the old probe's reach: passes
+    assert max(engine.selftest_report.worst.values()) < 1e-5
+    assert max(self_test(engine, probe, n_tokens=12, k=1).worst.values()) < 1e-5
+    for k, position in ((2, WINDOW - 1), (4, WINDOW - 3), (None, 2)):
+        with pytest.raises(ProtocolViolation, match=rf"SlidingWindowCache breaks the model protocol \(rollback\): "
+                                                    rf"rollback\(p\) did not forget positions >= p .* decoding 12 "
+                                                    rf"tokens .* logits at engine position {position} differ") as e:
+            self_test(engine, probe, n_tokens=12, k=k)
+        assert e.value.clause == "rollback"
+    with pytest.raises(ProtocolViolation, match=r"\(rollback\).* engine position 2 differ"):
+        TorchModuleEngine(model, probe=probe, n_tokens=12)  # by default every k the chunk allows

@@ -146,7 +146,9 @@ def test_a_restarted_source_is_served_from_its_first_observation(runtime):
 
 @pytest.mark.parametrize("jump_s", [0.0, -2.0])
 def test_a_source_that_restarts_without_a_start_is_served_too(runtime, jump_s):
-    rt = runtime()  # jump_s: its clock after the restart minus before (-2 s: a rebooted host's clock, behind)
+    # jump_s: its clock after the restart minus before (-2 s: a rebooted host's clock, behind); on loopback, declared
+    # another host's clock (on this host's, a stream 2 s behind is stale: tests/test_obs_clock.py)
+    rt = runtime(obs_clock="other")
     first = rt.first_session()
     first.stream(range(40), t0 := first.start())
     assert 39 in _chunks(rt.read(0.3), t0)
@@ -169,7 +171,9 @@ def test_a_source_that_restarts_without_a_start_is_served_too(runtime, jump_s):
 
 @pytest.mark.parametrize("offset_s", [-3.0, 3.0])
 def test_an_offset_clock_is_detected_reported_once_and_served(runtime, offset_s):
-    rt = runtime()  # max_obs_age_ms 50 (the default): behind by 3 s, every observation looked stale forever
+    # max_obs_age_ms 50 (the default): behind by 3 s, every observation looked stale forever; declared another host's
+    # clock (on loopback, "auto" is this host's: ages true, tests/test_obs_clock.py)
+    rt = runtime(obs_clock="other")
     src = rt.first_session(offset_ns=int(offset_s * 1e9))
     src.stream(range(200), t0 := src.start())  # 0.8 s: more than the estimator's window
     msgs = rt.read(0.3)

@@ -1,6 +1,7 @@
 """The observation source as the runtime node sees it (edgeinfer/node/source.py), on injected times: its clock (the
-delay floor, an offset, implausible timestamps, jumps), its sessions (restarts, reordering) and the window the loop
-spins in around a due time; and core.clock.wait_until, the sleep-then-spin both share."""
+delay floor, an offset and jumps of another host's clock: other_host=True, implausible timestamps), its sessions
+(restarts, reordering) and the window the loop spins in around a due time; and core.clock.wait_until, the
+sleep-then-spin both share. This host's clock: tests/test_obs_clock.py."""
 import time
 
 import numpy as np
@@ -25,7 +26,7 @@ def _feed(clock: SourceClock, d_ns, t0_ns: int, n: int, step_ns: int = P) -> lis
 
 
 def test_a_clock_ahead_is_an_offset_at_its_first_message():
-    clock = SourceClock()
+    clock = SourceClock(other_host=True)
     assert clock.sample(t_src_ns=10_000 * MS, t_recv_ns=8_000 * MS) == "offset"  # received 2 s before it was sent
     assert clock.offset and clock.floor_ns == -2_000 * MS
     assert clock.local_ns(10_000 * MS + 5 * MS) == 8_005 * MS  # read on this host's clock
@@ -34,7 +35,7 @@ def test_a_clock_ahead_is_an_offset_at_its_first_message():
 
 
 def test_a_clock_behind_is_an_offset_only_once_a_whole_window_says_so():
-    clock = SourceClock()
+    clock = SourceClock(other_host=True)
     n_window = HALF_WINDOW_NS // P
     revealed = _feed(clock, lambda i: 2_000 * MS + 60 * US, 0, 3 * n_window)
     first = revealed.index("offset")
@@ -61,7 +62,7 @@ def test_a_backlog_or_a_delay_drill_is_not_an_offset():
 
 
 def test_the_floor_follows_a_drifting_clock():
-    clock = SourceClock()
+    clock = SourceClock(other_host=True)
     ppm = 50  # the source's clock runs 50 ppm slow: d grows 50 us a second
     _feed(clock, lambda i: 3_000 * MS + i * P * ppm // 1_000_000 + 70 * US, 0, 2500)  # 10 s
     assert clock.offset
@@ -117,7 +118,7 @@ def test_a_corrupted_timestamp_is_implausible_and_poisons_nothing(offset_s):
     """A bit flipped in t_ns still decodes. In the future (bit 40: +1100 s; bit 27: +134 ms) or the past (bit 41:
     -2200 s), it must not set the floor (an offset, every later observation stale), begin a session (a false
     restart) or be served."""
-    src, off = ObservationSource(), int(offset_s * 1e9)
+    src, off = ObservationSource(other_host=True), int(offset_s * 1e9)
     t0 = 10_000_000 * MS  # 10**4 s: bit 41 (2200 s) can be cleared
     src.begin(Start(t0 + off, P, 10**6))
     warm = _stream(src, range(200), t0, off)  # 0.8 s: an offset is known by then
@@ -139,7 +140,7 @@ def test_a_corrupted_timestamp_is_implausible_and_poisons_nothing(offset_s):
 def test_a_clock_that_jumped_is_followed_after_three_agreeing_messages(jump_s):
     """The source restarts on a clock jump_s away (a rebooted host: seq from 0 again, no Start): its first
     JUMP_SAMPLES - 1 observations are implausible, then the estimate and the session start again from them."""
-    src, jump = ObservationSource(), int(jump_s * 1e9)
+    src, jump = ObservationSource(other_host=True), int(jump_s * 1e9)
     t0 = 100_000 * MS
     src.begin(Start(t0, P, 10**6))
     assert _stream(src, range(100), t0) == ["served"] * 100
@@ -154,7 +155,7 @@ def test_a_clock_that_jumped_is_followed_after_three_agreeing_messages(jump_s):
 
 
 def test_a_corrupted_first_message_is_undone_by_the_next_three():
-    clock = SourceClock()
+    clock = SourceClock(other_host=True)
     assert clock.sample(10 * MS + (1 << 40), 10 * MS + 60 * US) == "offset"  # from the future: nothing to judge by
     got = [clock.sample(10 * MS + k * P, 10 * MS + k * P + 60 * US) for k in range(1, 5)]
     assert got == ["implausible"] * (JUMP_SAMPLES - 1) + ["jump", "taken"]
@@ -190,7 +191,8 @@ def test_a_backlog_after_a_long_stall_is_implausible_only_past_a_second_and_neve
 
 
 def test_a_backlog_read_at_once_from_a_clock_ahead_lowers_the_floor_freely():
-    clock = SourceClock()  # the source's clock is 3 s ahead; its Hellos queued 1 s while the runtime warmed up
+    # the source's clock is 3 s ahead; its Hellos queued 1 s while the runtime warmed up
+    clock = SourceClock(other_host=True)
     got = _feed(clock, lambda i: -3_000 * MS + 1_000 * MS - i * 10 * MS + 50 * US, 0, 100, step_ns=10 * US)
     assert got == ["offset"] + ["taken"] * 99
     assert _feed(clock, lambda i: -3_000 * MS + 50 * US, 2 * MS, 500) == ["taken"] * 500
@@ -262,4 +264,4 @@ def test_wait_until_sleeps_in_ready_then_spins_and_returns_when_ready():
 
 @pytest.mark.parametrize("d", [0, -1])
 def test_a_message_that_arrives_before_it_was_sent_is_a_clock_offset(d):
-    assert SourceClock().sample(1_000, 1_000 + d) == ("offset" if d < 0 else "taken")
+    assert SourceClock(other_host=True).sample(1_000, 1_000 + d) == ("offset" if d < 0 else "taken")

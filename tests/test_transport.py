@@ -35,18 +35,6 @@ def _obs(seq: int) -> Observation:
                        qd_rad_s=np.zeros(3), q_prev_rad=np.zeros(3))
 
 
-@pytest.fixture
-def ctx():
-    c = zmq.Context()
-    yield c
-    c.destroy(linger=0)
-
-
-@pytest.fixture
-def ep():
-    return Endpoints.free_loopback()
-
-
 def test_free_loopback_ports_are_distinct():
     e = Endpoints.free_loopback()
     urls = [e.obs, e.chunks, e.commands, e.ready]

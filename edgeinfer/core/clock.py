@@ -5,11 +5,26 @@ start epoch sent in a message means the same instant to the replayer, the runtim
 """
 from __future__ import annotations
 
+import numbers
 import os
 import time
+from collections import deque
 from typing import Callable
 
 now_ns = time.perf_counter_ns
+
+# The longest control period a schedule may name: 10 s (0.1 Hz). A Start or Join beyond it (2**62 ns) is corrupt or
+# hostile; its ticks and deadlines would leave int64.
+MAX_PERIOD_NS = 10_000_000_000
+
+
+def check_period_ns(period_ns, name: str = "period_ns") -> int:
+    """period_ns as an int, when it is a control period: an integer in (0, MAX_PERIOD_NS] ns. Raises ValueError
+    naming `name` (e.g. "Start.period_ns") otherwise: 0 or less never advances a tick, and past MAX_PERIOD_NS the
+    schedule's times overflow."""
+    if isinstance(period_ns, bool) or not isinstance(period_ns, numbers.Integral) or not 0 < period_ns <= MAX_PERIOD_NS:
+        raise ValueError(f"{name} must be an integer in (0, {MAX_PERIOD_NS}] ns, got {period_ns!r}")
+    return int(period_ns)
 
 
 def sleep_until(deadline_ns: int, spin_ns: int = 200_000) -> int:
@@ -47,8 +62,7 @@ class Ticker:
     """
 
     def __init__(self, t0_ns: int, period_ns: int, spin_ns: int = 200_000):
-        if period_ns <= 0:
-            raise ValueError(f"period_ns must be > 0, got {period_ns}")
+        check_period_ns(period_ns)
         self.t0_ns, self.period_ns, self.spin_ns = t0_ns, period_ns, spin_ns
         self.next_tick = 0
         self.overruns = 0
@@ -64,10 +78,55 @@ class Ticker:
             skipped = late // self.period_ns
             self.overruns += skipped
             n += skipped
+        if late >= 0:  # due already, no sleep this tick: a thread of the same real-time priority (ZMQ's I/O
+            os.sched_yield()  # thread, which delivers the messages the tick reads) would never run otherwise
         lateness = sleep_until(self.tick_time_ns(n), self.spin_ns)
         self.max_lateness_ns = max(self.max_lateness_ns, lateness)
         self.next_tick = n + 1
         return n
+
+
+class ClockMap:
+    """Another clock's times (a robot's: counting from its boot, or running slow or fast) on this host's monotonic
+    clock, measured from pairs (t_ext, t_host): an external time and the host's time when it was read (after it,
+    by a small lag: the call's).
+
+    host_ns(t_ext) = t_ext + offset, the offset the smallest t_host - t_ext of the last `keep` pairs: the pair read
+    with the least lag is the truest (the minimum one-way delay, Paxson 1998). When the two clocks run at different
+    rates the offset drifts within those pairs, and the minimum is the oldest pair's (the external clock slow: a
+    time mapped earlier than it was, a budget started early: shorter, never longer) or the newest's (fast: exact).
+    The rate is measured apart, for the drift check: `drift` = rate - 1 (host ns per external ns, minus 1), the
+    offset's slope over at least span_ns of external time (its error: the lag's jitter over span_ns; 0.0 until
+    measured). `reset()` forgets everything (the external clock stepped). Times in ns."""
+
+    def __init__(self, keep: int = 16, span_ns: int = 2_000_000_000):
+        self.keep, self.span_ns = keep, span_ns
+        self.reset()
+
+    def reset(self) -> None:
+        self._pairs: deque[int] = deque(maxlen=self.keep)  # t_host - t_ext of the newest pairs
+        self._mark: tuple[int, int] | None = None  # (t_ext, offset) the drift is measured from
+        self.drift = 0.0
+        self.measured = False  # drift measured over span_ns at least once
+
+    def sample(self, t_ext_ns: int, t_host_ns: int) -> None:
+        """One pair: the external time t_ext_ns, read at t_host_ns on this host's clock."""
+        self._pairs.append(t_host_ns - t_ext_ns)
+        offset = self.offset_ns
+        if self._mark is None or len(self._pairs) < self.keep:  # the first offset is one pair's: not a mark
+            self._mark = (t_ext_ns, offset)
+        elif (span := t_ext_ns - self._mark[0]) >= self.span_ns:
+            self.drift, self.measured = (offset - self._mark[1]) / span, True
+            self._mark = (t_ext_ns, offset)
+
+    @property
+    def offset_ns(self) -> int:
+        """t_host - t_ext, the smallest of the last `keep` pairs (0 before the first)."""
+        return min(self._pairs) if self._pairs else 0
+
+    def host_ns(self, t_ext_ns: int) -> int:
+        """t_ext_ns on this host's monotonic clock."""
+        return t_ext_ns + self.offset_ns
 
 
 class SpinTail:

@@ -16,6 +16,7 @@ from typing import Callable
 import numpy as np
 
 from edgeinfer.core.clock import now_ns
+from edgeinfer.core.logwriter import process_writer
 from edgeinfer.core.throttle import NodeLog, Throttle
 from edgeinfer.core.wire import ErrorEvent, Stats
 
@@ -38,8 +39,9 @@ class Telemetry:
 
     Not thread-safe beyond the GIL: increments from one thread, snapshots from another are fine.
     At most 64 counter names and 64 histograms (the wire's map limit). `log`: the node's throttled log lines
-    (their suppressed count is the counter "log_suppressed"). publish: sends an ErrorEvent on the node's status
-    channel (report(); None: nowhere). clock: monotonic ns.
+    (their suppressed count is the counter "log_suppressed"; lines this process's stdout queue dropped because
+    stdout was slow, "log_dropped"; lines cut to their maximum length, "log_cut": edgeinfer.core.logwriter).
+    publish: sends an ErrorEvent on the node's status channel (report(); None: nowhere). clock: monotonic ns.
     """
 
     def __init__(self, sender: str, stats_period_ms: float = 200.0, error_interval_ms: float = 100.0,
@@ -95,7 +97,8 @@ class Telemetry:
 
     def snapshot(self) -> Stats:
         self.seq += 1
-        self.counters["log_suppressed"] = self.log.suppressed
+        writer = process_writer()  # this process's stdout queue (edgeinfer.core.logwriter)
+        self.counters.update(log_suppressed=self.log.suppressed, log_dropped=writer.dropped, log_cut=writer.cut)
         histograms = dict(self.histograms)  # a C-level copy first: another thread may add a name meanwhile
         return Stats(self.sender, self.instance, self.seq, self.clock(), dict(self.counters),
                      {k: list(v) for k, v in histograms.items()})

@@ -8,10 +8,10 @@ injected clock).
 """
 from __future__ import annotations
 
-import sys
 from typing import Callable
 
 from edgeinfer.core.clock import now_ns
+from edgeinfer.core.logwriter import emit
 
 LOG_INTERVAL_MS = 1000.0  # a node prints at most one line of a kind per second
 
@@ -44,18 +44,15 @@ class Throttle:
         return held
 
 
-def _print(text: str) -> None:
-    print(text, file=sys.stdout, flush=True)
-
-
 class NodeLog:
     """A node's log lines, throttled per kind: `line(kind, text)` writes "<node>: <text>" unless a line of the
     same kind went out less than interval_ms ago; the next one that goes out ends with how many were
     suppressed meanwhile, and `close()` writes what is still held back. `suppressed` (all kinds) is a counter
-    for the node's Stats. write: the sink (stdout, flushed, by default); clock: monotonic ns."""
+    for the node's Stats. write: the sink (default: edgeinfer.core.logwriter.emit, which queues the line for a
+    writer thread and never blocks the caller); clock: monotonic ns."""
 
     def __init__(self, node: str, interval_ms: float = LOG_INTERVAL_MS, clock: Callable[[], int] = now_ns,
-                 write: Callable[[str], None] = _print):
+                 write: Callable[[str], bool | None] = emit):
         self.node, self.clock, self.write = node, clock, write
         self.throttle = Throttle(int(interval_ms * 1e6))
 

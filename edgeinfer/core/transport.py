@@ -36,7 +36,7 @@ from typing import Any, Callable, Literal, NamedTuple
 
 import zmq
 
-from edgeinfer.core.wire import Hello, Message, WireError, decode, encode
+from edgeinfer.core.wire import MAX_FRAMES, Hello, Message, WireError, check_joints, decode, encode
 
 DEFAULT_HWM = 100
 # Queue (RCVHWM) of a latest-only reader's socket (Receiver(latest=...)). With a queue of DEFAULT_HWM the ZMQ I/O
@@ -45,7 +45,12 @@ DEFAULT_HWM = 100
 LATEST_HWM = 10_000
 READ_LIMIT = 256  # messages one drain() or recv_latest() reads at most: a flood cannot pin the caller
 HELLO_PERIOD_MS = 10
-MAX_MESSAGE_BYTES = 4 * 1024 * 1024  # ZMQ_MAXMSGSIZE of receiving sockets: libzmq drops a peer sending more
+# ZMQ_MAXMSGSIZE of every socket: the memory one frame may take, a hard cap far above any valid frame (headers are at
+# most wire.MAX_HEADER_BYTES, the largest array 256 x 64 x 8 = 128 KiB). libzmq treats a bigger frame as a protocol
+# error and drops the connection for good (a SUB does not reconnect), so the wire limits are not set here: decode
+# refuses a frame over them ("oversize", counted) with the connection kept. Only a peer sending over 64 MiB in one
+# frame loses its link.
+MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 RECONNECT_IVL_MS = 10  # a restarted peer is reconnected to within about this (libzmq's default is 100 ms)
 
 
@@ -190,9 +195,14 @@ def _socket(ctx: zmq.Context, kind: int, endpoint: str, bind: bool, hwm: int,
 
 
 def pub(ctx: zmq.Context, endpoint: str, bind: bool = True, hwm: int = DEFAULT_HWM,
-        curve: CurveKeys | None = None) -> zmq.Socket:
-    """PUB socket; raises zmq.ZMQError when the endpoint cannot be bound/connected."""
-    return _socket(ctx, zmq.PUB, endpoint, bind, hwm, curve)
+        curve: CurveKeys | None = None, nodrop: bool = False) -> zmq.Socket:
+    """PUB socket; raises zmq.ZMQError when the endpoint cannot be bound/connected. nodrop: an XPUB with
+    XPUB_NODROP, whose send raises zmq.Again (transport.send: False) where a PUB would drop silently at its HWM,
+    so that the sender knows and counts (the replayer; subscriptions queued on it need not be read)."""
+    sock = _socket(ctx, zmq.XPUB if nodrop else zmq.PUB, endpoint, bind, hwm, curve)
+    if nodrop:
+        sock.setsockopt(zmq.XPUB_NODROP, 1)
+    return sock
 
 
 def sub(ctx: zmq.Context, endpoint: str, bind: bool = False, hwm: int = DEFAULT_HWM,
@@ -217,6 +227,27 @@ def dealer(ctx: zmq.Context, endpoint: str, identity: str, hwm: int = DEFAULT_HW
            curve: CurveKeys | None = None) -> zmq.Socket:
     """DEALER socket connecting to a ROUTER, with routing id `identity` (a fleet robot: its name)."""
     return _socket(ctx, zmq.DEALER, endpoint, False, hwm, curve, identity)
+
+
+def recv_frames(sock: zmq.Socket, flags: int = 0, envelope: int = 0) -> list[zmq.Frame]:
+    """The frames of the next message on `sock`, received without copying (zmq.Frame: a view of libzmq's buffer;
+    decode checks every size on it before it copies anything). `envelope`: frames before the wire message (a
+    ROUTER's routing id: 1). Raises zmq.Again (flags=zmq.NOBLOCK, none queued), and WireError (kind "frames") for a
+    message of more than envelope + wire.MAX_FRAMES frames, after reading its other frames and dropping them
+    unkept (about 0.7 us a frame): the socket is left at the next message."""
+    frame = sock.recv(flags, copy=False)
+    frames = [frame]
+    while frame.more:
+        frame = sock.recv(copy=False)  # the parts of a message arrive together: never blocks
+        if len(frames) < envelope + MAX_FRAMES:
+            frames.append(frame)
+        else:  # one too many: read the rest, keep none of it
+            n = len(frames) + 1
+            while frame.more:
+                frame = sock.recv(copy=False)
+                n += 1
+            raise WireError(f"frames: got {n - envelope}, expected 1..{MAX_FRAMES}", "frames")
+    return frames
 
 
 def send(sock: zmq.Socket, msg: Message) -> bool:
@@ -266,11 +297,14 @@ class Receiver:
     (messages of type `latest` superseded by a newer one in `recv_latest`). `on_error(WireError)`, if given, is
     called for each malformed message (e.g. to publish a rate-limited ErrorEvent). `latest`: the message type
     this reader takes latest-only (recv_latest); its socket needs RCVHWM >= LATEST_HWM (ValueError otherwise).
+    `joints`: the joint count D every Observation, ActionChunk and JointCommand must carry (wire.check_joints),
+    another one counted as malformed (kind "joints"); None: any D 1..MAX_JOINTS. Messages are received without a
+    copy (recv_frames): frame count and sizes are checked before anything is copied.
     The Receiver does not own the socket unless `close()` is called.
     """
 
     def __init__(self, sock: zmq.Socket, on_error: Callable[[WireError], None] | None = None,
-                 latest: type | None = None):
+                 latest: type | None = None, joints: int | None = None):
         if latest is not None and sock.getsockopt(zmq.RCVHWM) < LATEST_HWM:
             raise ValueError(f"Receiver(latest={latest.__name__}): the socket's RCVHWM is "
                              f"{sock.getsockopt(zmq.RCVHWM)}, a latest-only reader needs >= LATEST_HWM "
@@ -283,22 +317,35 @@ class Receiver:
         self.last_error = ""
         self.on_error = on_error
         self.latest = latest
+        self.joints = joints
         self._newest: Message | None = None  # of type `latest`, read by a recv_latest that did not reach the end
         self._poller = zmq.Poller()  # one for the Receiver's life: Socket.poll builds a new one per call
         self._poller.register(sock, zmq.POLLIN)
 
+    def _read(self, flags: int) -> Message | None:
+        """The next message received (recv_frames) and decoded; None when it was malformed. Raises zmq.Again."""
+        try:
+            frames = recv_frames(self.sock, flags)
+        except WireError as e:
+            return self._malformed(e)
+        return self._decode(frames)
+
     def _decode(self, frames: list[Any]) -> Message | None:
         try:
             msg = decode(frames)
+            if self.joints is not None:
+                check_joints(msg, self.joints)
         except WireError as e:  # a bad peer must not take the reader down with it
-            self.malformed += 1
-            self.malformed_by_kind[e.kind] += 1
-            self.last_error = str(e)
-            if self.on_error is not None:
-                self.on_error(e)
-            return None
+            return self._malformed(e)
         self.received += 1
         return msg
+
+    def _malformed(self, e: WireError) -> None:
+        self.malformed += 1
+        self.malformed_by_kind[e.kind] += 1
+        self.last_error = str(e)
+        if self.on_error is not None:
+            self.on_error(e)
 
     def recv(self, timeout_ms: int) -> Message | None:
         """Next valid message, waiting up to `timeout_ms` (>= 0) ms; None on timeout."""
@@ -309,8 +356,7 @@ class Receiver:
             left_ms = max(0, (deadline_ns - time.perf_counter_ns() + 999_999) // 1_000_000)
             if not self._pending() and not self._poller.poll(left_ms):
                 return None
-            # copy=True: for small messages bytes are cheaper than zmq.Frame objects
-            msg = self._decode(self.sock.recv_multipart())
+            msg = self._read(0)
             if msg is not None:
                 return msg
 
@@ -357,15 +403,20 @@ class Receiver:
         newest, self._newest = self._newest, None  # the queue is empty: the one held is the newest
         return Latest(newest, others, count)
 
+    def take_newest(self) -> Message | None:
+        """The newest message of type `latest` read by a recv_latest that stopped at its limit (None: none), and
+        forget it: for a reader whose read budget ran out in a flood, newer than anything it had."""
+        newest, self._newest = self._newest, None
+        return newest
+
     def _next(self) -> Message | None | Literal[False]:
         """The next queued message decoded (None: it was malformed), False when none is queued."""
         if not self._pending():  # cheaper than a NOBLOCK recv raising zmq.Again
             return False
         try:
-            frames = self.sock.recv_multipart(flags=zmq.NOBLOCK)
+            return self._read(zmq.NOBLOCK)
         except zmq.Again:
             return False
-        return self._decode(frames)
 
     def _pending(self) -> bool:
         return bool(self.sock.getsockopt(zmq.EVENTS) & zmq.POLLIN)

@@ -37,8 +37,9 @@ MAX_ITEMS = 64  # entries in a map field (Stats counters, histograms) and ints i
 #   garbage: not msgpack / not a map; truncated: a header or array frame cut short; oversize: a header over
 #   MAX_HEADER_BYTES or an array frame too long; frames: wrong frame count; schema: unknown schema;
 #   version: known schema, other version; field: a field missing, extra or of the wrong type or value;
-#   nonfinite: NaN or inf in an array.
-ERROR_KINDS = ("garbage", "truncated", "oversize", "frames", "schema", "version", "field", "nonfinite")
+#   nonfinite: NaN or inf in an array; joints: a valid message with another joint count (D) than its receiver's
+#   (check_joints).
+ERROR_KINDS = ("garbage", "truncated", "oversize", "frames", "schema", "version", "field", "nonfinite", "joints")
 
 
 class WireError(ValueError):
@@ -352,7 +353,10 @@ def _numpy_scalar(obj: Any) -> Any:
 
 
 _ENCODER = msgspec.msgpack.Encoder(enc_hook=_numpy_scalar)
-_ZEROS = np.zeros(_DIM_BOUNDS["H"][1] * _DIM_BOUNDS["D"][1])
+# OpenBLAS runs a ddot of more than 10,000 elements on its thread pool (kernel/x86_64/ddot.c): waking it costs
+# milliseconds on a loaded host. Dots of at most this many stay on the calling thread.
+_DOT_MAX = 8192
+_ZEROS = np.zeros(_DOT_MAX)
 
 
 # inf * 0 is NaN by design below (the non-finite value is then counted as an error): not a warning to print
@@ -360,9 +364,14 @@ warnings.filterwarnings("ignore", "invalid value encountered in dot", RuntimeWar
 
 
 def _all_finite(a: np.ndarray) -> bool:
-    """True when no element of the float64 array is NaN or inf: x * 0 is 0 for every finite x, NaN otherwise."""
+    """True when no element of the float64 array is NaN or inf: x * 0 is 0 for every finite x, NaN otherwise. A dot
+    with zeros needs no temporary (np.isfinite allocates one); it runs in slices of _DOT_MAX, off BLAS threads."""
     flat = a.reshape(-1)
-    return math.isfinite(flat.dot(_ZEROS[: flat.size])) if flat.size <= _ZEROS.size else bool(np.isfinite(a).all())
+    for i in range(0, flat.size, _DOT_MAX):
+        part = flat[i: i + _DOT_MAX]
+        if not math.isfinite(part.dot(_ZEROS[: part.size])):
+            return False
+    return True
 
 
 _SHAPES: dict[tuple, list[tuple[int, ...]]] = {}  # (cls, *metas) -> shapes: the array headers already checked
@@ -414,6 +423,8 @@ def _header(buf: bytes | memoryview) -> tuple[type, Any, list[tuple[int, ...]]]:
         header = _DECODER.decode(buf)
     except msgspec.DecodeError as e:
         raise _header_error(buf, e) from None
+    except RecursionError:  # msgspec recurses per level: a 1 KiB frame of maps in maps reaches Python's limit
+        raise WireError("header: nested deeper than the decoder's recursion limit", "garbage") from None
     cls = _HEADERS[type(header)]
     if header.version != cls.VERSION:
         raise WireError(f"{cls.SCHEMA}: field 'version': got {header.version!r}, expected {cls.VERSION}", "version")
@@ -434,8 +445,9 @@ def _header_error(buf: bytes | memoryview, e: msgspec.DecodeError) -> WireError:
         return WireError(f"header: got {type(raw).__name__}, expected a msgpack map", "garbage")
     schema = raw.get("schema")
     cls = _REGISTRY.get(schema) if isinstance(schema, str) else None
-    if cls is None:
-        return WireError(f"header: field 'schema': unknown schema {schema!r}", "schema")
+    if cls is None:  # repr of a hostile value could recurse (a list 999 deep): a string's start, else its type
+        shown = repr(schema[:80]) if isinstance(schema, str) else f"of type {type(schema).__name__}"
+        return WireError(f"header: field 'schema': unknown schema {shown}", "schema")
     # msgspec's text: "Expected `int`, got `bool` - at `$.seq`" or "... - at `key` in `$.counters`"
     text, _, where = str(e).partition(" - at ")
     key = where.startswith("`key`")
@@ -530,10 +542,16 @@ def decode(frames: Sequence[Any]) -> Message:
     version, missing/extra fields, wrong scalar types (bool is not int), rung not in RUNGS,
     dtype other than "<f8", shape of wrong rank or outside D 1..MAX_JOINTS / H 0..256 / E 1..MAX_EXTRA or
     disagreeing on D, an array frame whose length is not prod(shape) * 8, a NaN or inf array value, and an
-    Observation whose extra_layout does not describe its extra array (parse_layout; both or neither).
+    Observation whose extra_layout does not describe its extra array (parse_layout; both or neither). Any other
+    input, however malformed (nested without end, declaring 2^32 elements), raises WireError too, never another
+    error: sizes are checked before anything is copied or allocated.
     """
-    if not 1 <= len(frames) <= MAX_FRAMES:
-        raise WireError(f"frames: got {len(frames)}, expected 1..{MAX_FRAMES}", "frames")
+    try:
+        n_frames = len(frames)
+    except TypeError:
+        raise WireError(f"frames: {type(frames).__name__} is not a sequence of frames", "garbage") from None
+    if not 1 <= n_frames <= MAX_FRAMES:
+        raise WireError(f"frames: got {n_frames}, expected 1..{MAX_FRAMES}", "frames")
     bufs = [f if type(f) is bytes else _as_bytes(f, i) for i, f in enumerate(frames)]  # len() = bytes
     if len(bufs[0]) > MAX_HEADER_BYTES:
         raise WireError(f"header: {len(bufs[0])} bytes, limit {MAX_HEADER_BYTES}", "oversize")
@@ -559,3 +577,20 @@ def decode(frames: Sequence[Any]) -> Message:
         values[name] = flat[offset: offset + n].reshape(shape)
         offset += n
     return cls(**values)
+
+
+# (array, axis) holding D in each message with joints: the first array that has D
+_JOINT_AXIS = {cls: next((name, symbols.index("D")) for name, symbols in arrays.items() if "D" in symbols)
+               for cls, arrays in _ARRAYS.items() if any("D" in symbols for symbols in arrays.values())}
+
+
+def check_joints(msg: Message, n_joints: int) -> None:
+    """Raise WireError (kind "joints") when `msg` carries joint arrays (Observation, ActionChunk, JointCommand) of
+    another joint count D than `n_joints`, naming the array and both counts; messages without joints pass. The check
+    every receiver makes where a message enters (transport.Receiver(joints=...)): decode accepts any D in
+    1..MAX_JOINTS, and numpy would broadcast a (1,) array over six joints."""
+    if (where := _JOINT_AXIS.get(type(msg))) is None:
+        return
+    name, axis = where
+    if (d := getattr(msg, name).shape[axis]) != n_joints:
+        raise WireError(f"{msg.SCHEMA}: array {name!r}: {d} joint(s), this receiver expects {n_joints}", "joints")

@@ -7,6 +7,8 @@ for the policy:
 
     step(t_ns, obs)   measure the caller's rate and jitter on the clock (control/rate.py); warn once when it is
                       more than rate_tolerance off the configured period (rate_departures)
+                      -> t_ns against this host's clock (ClockMap): the offset obs.t_ns is mapped with, and the
+                         measured drift (warned once beyond clock_rate_tolerance: clock_drifts)
                       -> when a replan is due by time (every replan_every_ticks configured periods: one chunk
                          step, on absolute deadlines), hand obs to the decoder (latest-only: an observation still
                          waiting when a newer one arrives is dropped and counted)
@@ -21,8 +23,13 @@ time, so only the stats and one warning show it.
 An observation with a NaN or inf in it is refused, as the control loop's wire decoder refuses it (obs_nonfinite):
 it is neither decoded nor held at.
 
-Times are on the host's monotonic clock (edgeinfer.core.clock.now_ns); the observation's t_ns is when it was
-taken. torch and onnxruntime release the GIL while they compute, so the caller's thread keeps its rate.
+Times: t_ns and the observation's t_ns (when it was taken) are on the caller's clock, which may be the robot's own
+(counting from its boot, running slow or fast: the loop paced by the robot's clock, ros2_control#2529). A chunk's
+budget runs on this host's monotonic clock, from the observation's time mapped onto it (edgeinfer.core.clock.ClockMap:
+the offset measured over the last 16 calls, which follows a clock that runs at another rate), so a robot's clock
+never makes every chunk a late `draft`. The rate between the two clocks is measured over 2 s: beyond
+clock_rate_tolerance it is warned once per departure (clock_drifts). torch and onnxruntime release the GIL while they
+compute, so the caller's thread keeps its rate.
 """
 from __future__ import annotations
 
@@ -35,10 +42,11 @@ import numpy as np
 
 from edgeinfer.control.buffer import ChunkBuffer
 from edgeinfer.control.command import CommandCounters, command
+from edgeinfer.control.gate import LimitGate
 from edgeinfer.control.limits import resolve_limits
 from edgeinfer.control.rate import RateMeter
 from edgeinfer.control.safety import CommandConfig
-from edgeinfer.core.clock import now_ns
+from edgeinfer.core.clock import ClockMap, now_ns
 from edgeinfer.core.wire import ActionChunk, JointCommand, Observation
 from edgeinfer.node.runtime import PolicyRuntime, RuntimeConfig
 
@@ -55,6 +63,10 @@ class ControllerConfig(CommandConfig):
     # Warn (once per departure) when the measured call rate is more than this fraction off 1 / period_ms.
     rate_tolerance: float = 0.2
     warmup: bool = True  # decode warm-up chunks in open(), before the first step (time to first command)
+    # Warn (once per departure) when the clock of t_ns runs more than this fraction faster or slower than this
+    # host's monotonic clock (measured over 2 s; crystals differ by ~5e-5). The budget follows the mapped time either
+    # way; a clock this far off is a simulated or misconfigured one.
+    clock_rate_tolerance: float = 1e-3
 
     def __post_init__(self):
         super().__post_init__()
@@ -62,6 +74,9 @@ class ControllerConfig(CommandConfig):
             raise ValueError(f"ControllerConfig.period_ms must be in [0.1, 1000], got {self.period_ms}")
         if not 0 < self.rate_tolerance <= 10:
             raise ValueError(f"ControllerConfig.rate_tolerance must be in (0, 10], got {self.rate_tolerance}")
+        if not 0 < self.clock_rate_tolerance <= 1:
+            raise ValueError(f"ControllerConfig.clock_rate_tolerance must be in (0, 1], got "
+                             f"{self.clock_rate_tolerance}")
 
 
 @dataclass
@@ -79,13 +94,17 @@ class ControllerStats(CommandCounters):
     jitter_ms: float = 0.0  # standard deviation of those intervals, ms
     rate_departures: int = 0  # times that rate left period_ms's rate by more than rate_tolerance (warned)
     clock_steps_back: int = 0  # calls whose t_ns went back: replan deadlines restart from it (warned once)
+    clock_offset_ms: float = 0.0  # this host's clock minus the caller's (t_ns), as mapped (ClockMap), ms
+    clock_drift_ppm: float = 0.0  # the caller's clock's measured rate against this host's, minus 1, ppm (0: unmeasured)
+    clock_drifts: int = 0  # times that drift left clock_rate_tolerance (warned)
 
 
 class Controller:
     """Lifecycle: open() -> step() per tick -> close(); or a context manager. Not thread-safe: one caller.
 
-    clock: the monotonic clock (ns) the caller's rate is measured on and commands are stamped with (tests inject
-    a fake one)."""
+    clock: this host's monotonic clock (ns), the decoder's budget's (edgeinfer.core.clock.now_ns): the caller's rate
+    is measured on it, the caller's times are mapped onto it, and commands are stamped with it (tests inject a fake
+    one)."""
 
     def __init__(self, cfg: ControllerConfig | None = None, clock: Callable[[], int] = now_ns):
         self.cfg, self.clock = cfg or ControllerConfig(), clock
@@ -93,8 +112,7 @@ class Controller:
         self.buffer = ChunkBuffer(blend_ns=int(self.cfg.blend_ms * 1e6))
         self.period_ns = int(self.cfg.period_ms * 1e6)
         self.rate = RateMeter(self.period_ns, self.cfg.rate_tolerance)
-        self.last_q: np.ndarray | None = None
-        self.last_t_ns: int | None = None  # tick time of the last command (the clamp's measured dt)
+        self.gate: LimitGate | None = None  # the last command and every command's limit check (set by open())
         self.last_obs: Observation | None = None  # the newest finite observation
         self.last_error: str | None = None
         self.limit_sources: dict[str, str] | None = None  # field -> where its limits came from (set by open())
@@ -102,7 +120,9 @@ class Controller:
         self._next_replan_ns: int | None = None  # None: the first finite observation is planned from
         self._prev_t_ns: int | None = None  # the last call's t_ns (a clock that steps back is counted)
         self._replan_due = True
-        self._pending: Observation | None = None
+        self._pending: tuple[Observation, int] | None = None  # and its budget's start on this host's clock
+        self.clock_map = ClockMap()  # t_ns -> this host's clock
+        self._drifting = False
         self._wake = threading.Condition()
         self._closing = False
 
@@ -129,6 +149,7 @@ class Controller:
         for warning in resolved.warnings:
             warnings.warn(f"Controller limits: {warning}", RuntimeWarning, stacklevel=3)
         self.cfg.limits, self.limit_sources = resolved.limits, resolved.sources
+        self.gate = LimitGate(self.cfg.limits)
 
     def step(self, t_ns: int, obs: Observation | None) -> JointCommand | None:
         """The command for the tick at t_ns (monotonic ns) given the newest observation `obs` (q_rad (D,)
@@ -146,30 +167,30 @@ class Controller:
                 if np.shape(getattr(obs, name)) != (d,):
                     raise ValueError(f"Controller.step: observation {name} has shape {np.shape(getattr(obs, name))}, "
                                      f"the policy expects ({d},)")
-        self._measure_rate()
+        t_host = self.clock()
+        self._measure_rate(t_host)
         fresh = obs is not None and self._accept(obs)
         self._replan_due |= self._replan_time(t_ns)
+        self._map_clock(t_ns, t_host)
         if fresh and self._replan_due:  # a refused observation is not planned from: the next finite one is
             self._replan_due = False
             self.stats.replans += 1
             with self._wake:
                 self.stats.obs_dropped += self._pending is not None
-                self._pending = obs
+                self._pending = obs, self.clock_map.host_ns(obs.t_ns)
                 self._wake.notify()
         n, self._ticks = self._ticks, self._ticks + 1
         measured = self.last_obs.q_rad if self.last_obs is not None else None
         with self._wake:  # the decoder thread pushes into the buffer
-            cmd = command(self.buffer, t_ns, self.last_q, self.last_t_ns, measured, self.cfg.limits,
-                          self.period_ns / 1e9, self.stats)
+            cmd = command(self.buffer, t_ns, self.gate, measured, self.period_ns / 1e9, self.stats)
         if cmd is None:
             return None
-        self.last_q, self.last_t_ns = cmd.q_rad, t_ns
         obs_seq = self.last_obs.seq if self.last_obs is not None else -1
         return JointCommand(n, obs_seq, cmd.chunk_obs_seq, self.clock(), cmd.q_rad, cmd.rung)
 
-    def _measure_rate(self) -> None:
+    def _measure_rate(self, t_host: int) -> None:
         """The caller's rate and jitter into the stats; one warning when it departs from period_ms."""
-        report = self.rate.tick(self.clock())
+        report = self.rate.tick(t_host)
         st, r = self.stats, self.rate
         st.rate_hz, st.jitter_ms, st.rate_departures = r.rate_hz, r.jitter_ms, r.departures
         if report:
@@ -189,11 +210,27 @@ class Controller:
                 warnings.warn(f"Controller: t_ns went back {(self._prev_t_ns - t_ns) / 1e6:.1f} ms; replanning "
                               "from there (pass a monotonic clock: time.monotonic_ns())", RuntimeWarning, stacklevel=3)
             self._next_replan_ns = t_ns
+            self.clock_map.reset()  # its times before the step map nothing after it
         self._prev_t_ns = t_ns
         if t_ns < self._next_replan_ns:
             return False
         self._next_replan_ns += ((t_ns - self._next_replan_ns) // self.replan_ns + 1) * self.replan_ns
         return True
+
+    def _map_clock(self, t_ns: int, t_host: int) -> None:
+        """One pair of the caller's clock and this host's into the map; the drift check (one warning and a count per
+        departure beyond clock_rate_tolerance)."""
+        m, st = self.clock_map, self.stats
+        m.sample(t_ns, t_host)
+        st.clock_offset_ms, st.clock_drift_ppm = m.offset_ns / 1e6, m.drift * 1e6
+        drifting = m.measured and abs(m.drift) > self.cfg.clock_rate_tolerance
+        if drifting and not self._drifting:
+            st.clock_drifts += 1
+            warnings.warn(f"Controller: the clock of t_ns runs {m.drift * 1e6:+.0f} ppm from this host's monotonic "
+                          f"clock, beyond ControllerConfig.clock_rate_tolerance={self.cfg.clock_rate_tolerance}: "
+                          "chunk budgets follow t_ns mapped onto this host's clock, but a robot clock this far off is "
+                          "simulated or misconfigured", RuntimeWarning, stacklevel=3)
+        self._drifting = drifting
 
     def _accept(self, obs: Observation) -> bool:
         """Keep obs as the newest observation unless a value in it is non-finite (the wire refuses those)."""
@@ -210,10 +247,10 @@ class Controller:
                     self._wake.wait()
                 if self._closing:
                     return
-                obs, self._pending = self._pending, None
+                (obs, t_start_ns), self._pending = self._pending, None
             try:
                 # the first verified step goes into the buffer at once, the rest of the chunk replaces it
-                chunk = self.runtime.step(obs, obs.t_ns, self.step_ns, on_first_step=self._push)
+                chunk = self.runtime.step(obs, t_start_ns, self.step_ns, on_first_step=self._push)
             except Exception as e:  # a failing policy must not stop the arm's controller: it holds, and says why
                 self.stats.decoder_errors += 1
                 self.last_error = f"{type(e).__name__}: {e}"

@@ -30,7 +30,8 @@ import zmq
 
 from edgeinfer.core.clock import now_ns, pin_to_cpus
 from edgeinfer.core.lifecycle import ParentWatch
-from edgeinfer.core.transport import DEFAULT_HWM, MAX_MESSAGE_BYTES, READ_LIMIT
+from edgeinfer.core.logwriter import emit
+from edgeinfer.core.transport import DEFAULT_HWM, MAX_MESSAGE_BYTES, READ_LIMIT, recv_frames
 from edgeinfer.core.wire import (
     Admission,
     Hello,
@@ -81,7 +82,7 @@ class FleetNode:
 
     def open(self) -> "FleetNode":
         if warning := pin_to_cpus(self.cfg.runtime_cpus):  # before the engine starts its threads
-            print(f"fleet: {warning}", flush=True)
+            emit(f"fleet: {warning}")
         self.parent = ParentWatch()
         self.decoder = make_decoder(self.cfg)
         policy = self.decoder.policy
@@ -104,8 +105,8 @@ class FleetNode:
         self.poller.register(self.sock, zmq.POLLIN)
         self.t_start_ns = self._last_msg_ns = now_ns()
         e = self.decoder.engine_info
-        print(f"fleet: serving on {self.cfg.endpoint} ({'batched' if e['batched'] else 'one chunk at a time'}, "
-              f"{e['backend']} {e['precision']}, {self.cfg.n_slots} slots)", flush=True)
+        emit(f"fleet: serving on {self.cfg.endpoint} ({'batched' if e['batched'] else 'one chunk at a time'}, "
+             f"{e['backend']} {e['precision']}, {self.cfg.n_slots} slots)")
         return self
 
     def step(self, stopped=lambda: False) -> bool:
@@ -126,7 +127,7 @@ class FleetNode:
                 done = self.decoder.step()
             except ObservationMismatch as e:  # a valid observation the policy cannot read: that chunk is skipped
                 self.counters["obs_mismatch"] += 1
-                print(f"fleet: {e}", flush=True)
+                emit(f"fleet: {e}")
                 done = []
             for d in done:
                 self._send_chunk(d)
@@ -156,10 +157,13 @@ class FleetNode:
             return
         for _ in range(READ_LIMIT):
             try:
-                frames = self.sock.recv_multipart(flags=zmq.NOBLOCK)
+                frames = recv_frames(self.sock, zmq.NOBLOCK, envelope=1)  # no copy: decode checks sizes first
             except zmq.Again:
                 return
-            self._handle(frames[0], frames[1:], now_ns())
+            except WireError as e:  # more frames than a message has: read and dropped
+                self.counters[f"malformed.{e.kind}"] += 1
+                continue
+            self._handle(bytes(frames[0]), frames[1:], now_ns())
 
     def _handle(self, sender: bytes, frames: list[bytes], t_ns: int) -> None:
         """One message from routing id `sender`: decoded (a malformed one counted by kind, never fatal), then
@@ -208,7 +212,7 @@ class FleetNode:
             if robot.drafter is None and self.cfg.scheduling.batching:  # its own drafter state
                 robot.drafter = make_drafter(self.cfg.drafter, self.decoder.policy)
         self._send(sender, a)
-        print(f"fleet: {join.robot}: {a.reason}", flush=True)
+        emit(f"fleet: {join.robot}: {a.reason}")
 
     def _observation(self, robot: Robot, obs: Observation, t_ns: int) -> None:
         """Keep the robot's newest observation (latest-only); one older than its budget on arrival is dropped."""
@@ -288,7 +292,7 @@ class FleetNode:
             return False
         except (WireError, OverflowError, ValueError) as e:  # a message the wire refuses: counted, never fatal
             self.counters["send_unencodable"] += 1
-            print(f"fleet: not sent to {identity[:64]!r}: {e}", flush=True)
+            emit(f"fleet: not sent to {identity[:64]!r}: {e}")
             return False
         return True
 
@@ -302,7 +306,7 @@ class FleetNode:
         if self.cfg.report is not None:
             Path(self.cfg.report).parent.mkdir(parents=True, exist_ok=True)
             Path(self.cfg.report).write_text(json.dumps(report, indent=1) + "\n")
-        print(f"fleet: {summary(report)}", flush=True)
+        print(f"fleet: {summary(report)}", flush=True)  # after the run, whole (emit cuts long lines)
         return report
 
     def report(self) -> dict:

@@ -20,6 +20,8 @@ class FleetConfig:
     schedules their chunks (scheduling: core/fleet.py FleetPolicy), and when it exits."""
 
     policy: Path = DEFAULT_POLICY  # the policy's manifest JSON (the built-in policy, or a factory one)
+    # Run a factory manifest's code (a policy folder with a "factory" is code; like RuntimeConfig's, off by default)
+    trust_policy_code: bool = False
     # the target's engine (batching: the batched engine, engines/batched.py, auto = fused; no batching: the
     # single-sequence engine, auto = the fastest exact one here, measured at start-up as `edgeinfer serve` does)
     backend: Literal["auto", "fused", "torch", "onnxruntime"] = "auto"

@@ -223,7 +223,7 @@ def make_decoder(cfg: FleetConfig) -> BatchedDecoder | SequentialDecoder:
     from edgeinfer.engines.batched import open_batched  # torch: only when the runtime runs
     from edgeinfer.engines.served import load_served_policy
 
-    policy = load_served_policy(cfg.policy)
+    policy = load_served_policy(cfg.policy, cfg.trust_policy_code)
     engine = open_batched(policy, "fused" if cfg.backend == "auto" else cfg.backend, cfg.n_slots, cfg.threads)
     return BatchedDecoder(cfg, policy, engine)
 

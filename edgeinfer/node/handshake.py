@@ -9,14 +9,17 @@ from edgeinfer.core import transport
 from edgeinfer.core.clock import now_ns
 from edgeinfer.core.lifecycle import ParentWatch
 from edgeinfer.core.liveliness import Lease
+from edgeinfer.core.logwriter import emit
 from edgeinfer.core.wire import Heartbeat, Hello, Message, Start, Stop
 
 
 def await_start(runtime, obs_rx, out, ready, timeout_s: float, parent: ParentWatch,
                 stopped: Callable[[], bool] = lambda: False,
-                heard: Callable[[Message], None] = lambda msg: None) -> tuple[Start | None, bool]:
+                heard: Callable[[Message], None] = lambda msg: None,
+                accept: Callable[[Start], bool] = lambda start: True) -> tuple[Start | None, bool]:
     """Warm up, then publish Hellos on the chunk PUB (for its subscribers) until Start arrives; heard(msg) gets each
-    message of the source (its timestamps: edgeinfer/node/source.py).
+    message of the source (its timestamps: edgeinfer/node/source.py). A Start (or schedule) accept() refuses is
+    passed over: the handshake goes on until a valid one.
 
     Returns (start, mid_run). A runtime (re)started after the run began never sees the Start: the
     replayer's Heartbeat carries the same schedule, and mid_run is then True. (None, False) when a Stop
@@ -34,10 +37,11 @@ def await_start(runtime, obs_rx, out, ready, timeout_s: float, parent: ParentWat
             heard(msg)
         if isinstance(msg, Hello) and not announced:
             announced = transport.announce_ready(ready, "runtime")
-        elif isinstance(msg, Start):
+        elif isinstance(msg, Start) and accept(msg):
             return msg, False
         elif isinstance(msg, Heartbeat) and msg.sender == "replayer" and msg.t0_ns >= 0:
-            return Start(msg.t0_ns, msg.period_ns, msg.n_ticks), True
+            if accept(start := Start(msg.t0_ns, msg.period_ns, msg.n_ticks)):
+                return start, True
         elif isinstance(msg, Stop):
             return None, False
     if stopped():
@@ -67,6 +71,5 @@ def await_control(status_rx, obs_rx, control: Lease, timeout_s: float, parent: P
             control.beat(msg, now_ns())
             if msg.peer_instance == me:
                 return True
-    print(f"runtime: the control loop did not acknowledge this runtime within {timeout_s} s; serving anyway",
-          flush=True)
+    emit(f"runtime: the control loop did not acknowledge this runtime within {timeout_s} s; serving anyway")
     return True

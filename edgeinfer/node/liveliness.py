@@ -5,7 +5,11 @@ loop's lease, and its parent process.
   chunk PUB, so a node busy decoding still beats; the Heartbeat names the control loop it hears.
 - The control loop's Heartbeats on the status SUB feed its Lease (poll() once per loop iteration); every loss
   of it is an ErrorEvent ("control_lost") and a log line, its return a log line (both throttled in the log).
-- ParentWatch: the handshake gives up when the process that started this one is gone.
+- ParentWatch: the handshake gives up, and the loop ends, when the process that started this one is gone.
+- The idle exit (`gone()`) follows the control loop, not the observations: the runtime serves while the control
+  loop beats, however long the source pauses (a log with a gap, a robot that waits). It ends when the control loop
+  has been unheard for idle_timeout_s; before its first Heartbeat (or with no status endpoint), when the source has
+  been silent that long.
 """
 from __future__ import annotations
 
@@ -57,6 +61,20 @@ class RuntimeLiveliness:
             self.telemetry.report("control_lost", f"control loop {control.instance} lost: no heartbeat for "
                                   f"{(t_ns - control.last_ns) / 1e6:.1f} ms (lease {control.lease_ns / 1e6:.1f} ms "
                                   "expired)", every=True)
+
+    def gone(self, t_ns: int, source_heard_ns: int, idle_ns: int) -> str | None:
+        """Why the run is over at t_ns, or None: the parent process exited, or the peer the idle exit follows (the
+        control loop once it has beaten, else the observation source, last heard at source_heard_ns) has been
+        unheard for more than idle_ns."""
+        if self.parent.parent_gone():
+            return f"parent process {self.parent.ppid} exited"
+        control = self.control
+        if control.joined:
+            if t_ns - control.last_ns > idle_ns:
+                return f"no Heartbeat from the control loop for {(t_ns - control.last_ns) / 1e9:.1f} s"
+        elif t_ns - source_heard_ns > idle_ns:
+            return f"no message for {(t_ns - source_heard_ns) / 1e9:.1f} s (no control loop heard)"
+        return None
 
     def stop(self) -> None:
         """Stop beating (before the socket the beacon shares closes). Idempotent."""

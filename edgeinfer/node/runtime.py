@@ -27,12 +27,13 @@ from edgeinfer.core.scheduler import SchedulerConfig, TickPlanner
 from edgeinfer.core.speculative import DecodeResult, speculative_decode
 from edgeinfer.core.wire import ActionChunk, Observation, ObservationMismatch
 from edgeinfer.engines.drafters import DRAFTERS, applicable_drafters, make_drafter
-from edgeinfer.engines.paths import DEFAULT_POLICY
+from edgeinfer.engines.paths import DEFAULT_POLICY, MAX_WEIGHTS_MB
 from edgeinfer.engines.tokenizer import decode_chunk
 from edgeinfer.node.faults import FaultConfig
 
 DECODES = ("speculative", "target-only")
 MODES = ("ultrafast", "standard")
+OBS_CLOCKS = ("auto", "host", "other")
 # the exact preset of mode "ultrafast": the fastest exact engine, drafts that cost almost nothing, greedy acceptance
 ULTRAFAST = {"backend": "auto", "precision": "fp32", "decode": "speculative", "drafter": "kinematic",
              "acceptance": "greedy"}
@@ -68,16 +69,27 @@ class RuntimeConfig:
     # is left to the control loop (None: one chunk step, the policy's stride_ticks: 5 ticks, 20 ms, for the Schunk
     # policy at 250 Hz; 1 tick for a policy trained at 30 Hz with one tick per step).
     replan_every_ticks: int | None = None
-    idle_timeout_s: float = 5.0  # after the start, exit when no message arrives for this long, s
+    # After the start, exit when the control loop has been gone this long (no Heartbeat on the status SUB), s; before
+    # its first Heartbeat (or with no status endpoint), when no message of the observation source came for this long.
+    # A gap in the observations while the control loop beats never ends the run.
+    idle_timeout_s: float = 5.0
     runtime_cpus: list[int] | None = None  # CPUs the runtime may use (None: any)
     byo_spec: Path | None = None  # bring your own policy: a spec TOML (engines/byo.py) served instead of `policy`
     byo_model: Path | None = None  # the spec's model file replaced by this one (e.g. its TorchScript twin)
     # Publish each chunk's first verified action step as soon as it exists, then the whole chunk.
     stream_first_step: bool = True
     null_policy: bool = False  # serve NullRuntime (a chunk holding the observed position, at once): benchmarks
+    # Run a factory policy's code (engines/factory.py): a policy folder with a factory is code, loaded only when asked.
+    trust_policy_code: bool = False
+    max_policy_weights_mb: float = MAX_WEIGHTS_MB  # the cap of one policy weights file, MB (checked while read)
     # Observations older than this when they arrive are dropped and counted (obs_stale), ms; None: off (another
     # host's clock).
     max_obs_age_ms: float | None = 50.0
+    # The clock observation timestamps are on: "host" (this host's CLOCK_MONOTONIC: ages are true, a late stream is
+    # stale, never an offset), "other" (another host's: an offset is estimated from the delay floor, and ages are
+    # read against it; HIL, a robot's PC), or "auto" ("host" when the observation endpoint is on this host:
+    # loopback, ipc, inproc; else "other"). edgeinfer/node/source.py.
+    obs_clock: Literal["auto", "host", "other"] = "auto"
     # Sleep until this long before the next observation to decode is due, then spin until this long after it, us: it
     # arrives to a loop already awake (no wake-up cost); 0: sleep until it arrives. No spin when no stream is due.
     obs_spin_us: float = 300.0
@@ -115,6 +127,8 @@ class RuntimeConfig:
             raise ValueError(f"RuntimeConfig.replan_every_ticks must be >= 1, got {self.replan_every_ticks}")
         if self.max_obs_age_ms is not None and not self.max_obs_age_ms > 0:
             raise ValueError(f"RuntimeConfig.max_obs_age_ms must be > 0 (or None), got {self.max_obs_age_ms}")
+        if self.obs_clock not in OBS_CLOCKS:
+            raise ValueError(f"RuntimeConfig.obs_clock must be one of {OBS_CLOCKS}, got {self.obs_clock!r}")
         if not 0 <= self.obs_spin_us <= 10_000:
             raise ValueError(f"RuntimeConfig.obs_spin_us must be in [0, 10000], got {self.obs_spin_us}")
         if not 0 < self.runtime_heartbeat_ms < self.runtime_lease_ms:
@@ -122,6 +136,8 @@ class RuntimeConfig:
                              f"{self.runtime_heartbeat_ms}, {self.runtime_lease_ms}")
         if not self.runtime_stats_ms > 0:
             raise ValueError(f"RuntimeConfig.runtime_stats_ms must be > 0, got {self.runtime_stats_ms}")
+        if not self.max_policy_weights_mb > 0:
+            raise ValueError(f"RuntimeConfig.max_policy_weights_mb must be > 0, got {self.max_policy_weights_mb}")
 
     def _apply_preset(self, preset: dict) -> None:
         """Set the preset's fields; one set to neither its default nor the preset's value is refused (ValueError
@@ -150,7 +166,8 @@ class PolicyRuntime:
 
         self.cfg = cfg
         # the built-in policy, or a factory policy (engines/factory.py: refused here if its load checks fail)
-        self.policy = load_served_policy(cfg.policy)
+        self.policy = load_served_policy(cfg.policy, cfg.trust_policy_code, cfg.max_policy_weights_mb)
+        self.n_joints = self.policy.cfg.n_joints  # D of the observations it takes (serve.py's receiver checks it)
         names = applicable_drafters(self.policy) if cfg.drafter == "auto" else [cfg.drafter]
         self.drafters = {n: make_drafter(n, self.policy) for n in names} if cfg.decode == "speculative" else {}
         self.fallback = self.drafters.get("kinematic") or next(iter(self.drafters.values()), None)
@@ -268,6 +285,8 @@ def build_chunk(policy, obs: Observation, tokens: list[int], rung: str, step_ns:
 class NullRuntime:
     """A policy that costs nothing: each chunk holds the observed position for one chunk step. Serves transport
     benchmarks and drills (RuntimeConfig.null_policy), through the same node loop as the real policy."""
+
+    n_joints = None  # any D: it holds whatever position it is sent
 
     def __init__(self, cfg: RuntimeConfig, stride_ticks: int = 5):
         self.cfg, self.stride_ticks, self.n_chunks = cfg, stride_ticks, 0

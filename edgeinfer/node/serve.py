@@ -23,8 +23,9 @@ import numpy as np
 import zmq
 
 from edgeinfer.core import transport
-from edgeinfer.core.clock import now_ns, pin_to_cpus, wait_until
+from edgeinfer.core.clock import check_period_ns, now_ns, pin_to_cpus, wait_until
 from edgeinfer.core.lifecycle import ParentWatch
+from edgeinfer.core.logwriter import emit
 from edgeinfer.core.scheduler import UNRESOLVED_BUDGET_MS
 from edgeinfer.core.wire import ActionChunk, Hello, Message, Observation, ObservationMismatch, Start, Stop
 from edgeinfer.engines.auto import choice_counters
@@ -33,7 +34,7 @@ from edgeinfer.node.echo import start_echo
 from edgeinfer.node.handshake import await_control, await_start
 from edgeinfer.node.liveliness import RuntimeLiveliness
 from edgeinfer.node.runtime import PolicyRuntime, RuntimeConfig, make_runtime
-from edgeinfer.node.source import DueWindow, ObservationSource
+from edgeinfer.node.source import NOT_TAKEN, DueWindow, ObservationSource
 from edgeinfer.node.telemetry import NodeTelemetry
 
 
@@ -42,8 +43,12 @@ def serve(cfg: RuntimeConfig, endpoints: transport.Endpoints, handshake_timeout_
 
     Publishes on the chunk PUB: ActionChunks, and from a beacon thread its Heartbeat every
     runtime_heartbeat_ms and Stats every runtime_stats_ms; ErrorEvents (rate-limited) for malformed input
-    and non-finite policy output, and once for an observation clock offset from this host's (error.clock_offset,
-    edgeinfer/node/source.py) or a jump of that clock (error.clock_jump). An observation whose timestamp is
+    and non-finite policy output, a Start whose schedule it cannot keep (error.start_refused: the schedule in force
+    is kept), and once for an observation clock offset from this host's (error.clock_offset, a source declared on
+    another host's clock: RuntimeConfig.obs_clock; edgeinfer/node/source.py), a stream late on this host's clock
+    (error.obs_late), a timestamp ahead of it (error.clock_ahead) or a jump of the source's clock (error.clock_jump).
+    It exits on a Stop, SIGTERM, its parent's exit, or the control loop gone for idle_timeout_s (never on a pause
+    of the observations while the control loop beats: RuntimeLiveliness.gone). An observation whose timestamp is
     implausible (a corrupted one) is dropped (obs_implausible), and one older than max_obs_age_ms on arrival
     (obs_stale); a chunk with a non-finite action is never published: a `continue` chunk (the anchor only, so the
     control loop keeps its previous chunk or holds) goes out instead (counter error.nonfinite_action). A restarted
@@ -68,9 +73,11 @@ class RuntimeNode:
     def __init__(self, cfg: RuntimeConfig, endpoints: transport.Endpoints):
         self.cfg, self.endpoints = cfg, endpoints
         self.ctx = self.auth = self.liveliness = self._stop_echo = None
-        self._last_msg_ns = 0
+        self._last_msg_ns = 0  # the observation source's last message (the idle exit before a control loop beats)
         self._serving = False  # the handshake is over (every peer hears the chunk PUB)
-        self.source = ObservationSource()
+        # its timestamps on another host's clock (an offset estimated) or this host's (ages true): decided once
+        other = cfg.obs_clock == "other" or (cfg.obs_clock == "auto" and not transport.is_loopback(endpoints.obs))
+        self.source = ObservationSource(other_host=other)
         self._budget_ns = int(UNRESOLVED_BUDGET_MS * 1e6)  # until a Start gives the control period (_begin)
         self._max_age_ns = int(cfg.max_obs_age_ms * 1e6) if cfg.max_obs_age_ms is not None else None
         self._engine_choice, self._engine_counters = None, {}  # backend auto's choice (engines/auto.py)
@@ -79,7 +86,7 @@ class RuntimeNode:
         cfg, ep = self.cfg, self.endpoints
         parent = ParentWatch()
         if warning := pin_to_cpus(cfg.runtime_cpus):  # before the engine starts its threads
-            print(f"runtime: {warning}", flush=True)
+            emit(f"runtime: {warning}")
         self.runtime = make_runtime(cfg)
         self._engine_choice = getattr(self.runtime, "engine_choice", None)  # backend auto: which engine, why
         self._engine_counters = choice_counters(self._engine_choice) if self._engine_choice else {}  # in each Stats
@@ -92,7 +99,7 @@ class RuntimeNode:
             self.telemetry = NodeTelemetry("runtime", cfg.runtime_stats_ms, self.out, self._counters)
             on_error = self.telemetry.wire_error
             self.obs_rx = transport.Receiver(transport.sub(self.ctx, ep.obs, hwm=transport.LATEST_HWM, curve=keys),
-                                             on_error=on_error, latest=Observation)
+                                             on_error=on_error, latest=Observation, joints=self.runtime.n_joints)
             self._obs_ready = _readable(self.obs_rx.sock, self._woke)
             status_rx = (transport.Receiver(transport.sub(self.ctx, ep.status, curve=keys), on_error=on_error)
                          if ep.status else None)
@@ -112,16 +119,16 @@ class RuntimeNode:
         live = self.liveliness
         heard = lambda msg: self._heard(msg, now_ns())  # noqa: E731  (the source's clock, from the handshake on)
         start, mid_run = await_start(self.runtime, self.obs_rx, self.out, self.ready, timeout_s, live.parent, stopped,
-                                     heard)
+                                     heard, accept=lambda s: self._plan_of(s) is not None)
         if start is None:
-            print("runtime: stopped before start", flush=True)
+            emit("runtime: stopped before start")
             return False
         if self.cfg.faults.active:  # after the warm-up: the engine slows down (or diverges) mid-run, not before
             self.runtime = faults.inject(self.runtime, self.cfg.faults)
         self._begin(start)
         if mid_run and live.status_rx is not None and not await_control(live.status_rx, self.obs_rx, live.control,
                                                                         timeout_s, live.parent, stopped, heard):
-            print("runtime: stopped before serving", flush=True)
+            emit("runtime: stopped before serving")
             return False
         # the first verified step streams ahead of its chunk from the policy runtime only (not a drill's wrapper)
         policy = self.runtime if isinstance(self.runtime, PolicyRuntime) else None
@@ -133,7 +140,7 @@ class RuntimeNode:
         backend = f"{c['chosen']} (auto, {c['why']}; excluded {c['excluded']})" if c else cfg.backend
         what = ("null policy" if cfg.null_policy else f"bring-your-own {cfg.byo_spec}" if cfg.byo_spec
                 else f"{cfg.decode} on {backend} {cfg.precision}")
-        print(f"runtime: {'re' if mid_run else ''}started ({what}, budget {self._budget_ns / 1e6:g} ms)", flush=True)
+        emit(f"runtime: {'re' if mid_run else ''}started ({what}, budget {self._budget_ns / 1e6:g} ms)")
         self._last_msg_ns = now_ns()
         self._serving = True
         if self.source.clock.offset:  # revealed in the handshake, before every peer could hear an ErrorEvent
@@ -143,14 +150,16 @@ class RuntimeNode:
     def step(self) -> bool:
         """One loop iteration: wait -> receive -> the newest observation -> plan -> decode -> publish. Waits up to
         100 ms for a message (after the spin window of an observation due). False when the run is over: a Stop
-        arrived, or no message came for idle_timeout_s."""
+        arrived, the parent process exited, or the control loop has been gone for idle_timeout_s (before it first
+        beats: the source silent that long; RuntimeLiveliness.gone). A pause of the observations alone never ends
+        it."""
         due_ns = self._await()
         got = self.obs_rx.recv_latest(100)  # latest-only: a stale observation is worse than none
         t_recv = now_ns()
         self.liveliness.poll(t_recv)
         if not got.count and not got.others:
-            if t_recv - self._last_msg_ns > self.cfg.idle_timeout_s * 1e9:
-                print(f"runtime: no message for {self.cfg.idle_timeout_s} s; exiting", flush=True)
+            if why := self.liveliness.gone(t_recv, self._last_msg_ns, int(self.cfg.idle_timeout_s * 1e9)):
+                emit(f"runtime: {why}; exiting")
                 return False
             return True
         self._last_msg_ns = t_recv
@@ -188,14 +197,28 @@ class RuntimeNode:
         """A sleep before an observation's window ended late_ns after it should have (sizes the window)."""
         self._window.before.woke(late_ns)
 
+    def _plan_of(self, start: Start) -> tuple[int, int, float] | None:
+        """(replan_every, step_ns, budget_ms) of the schedule `start` names; None when it names none this runtime
+        can keep (period_ns not in (0, 10 s], or a budget outside the scheduler's range): refused, an ErrorEvent
+        (error.start_refused) and the schedule in force kept."""
+        try:
+            check_period_ns(start.period_ns, "Start.period_ns")
+            replan_every, step_ns = self.runtime.chunk_timing(start.period_ns)
+            return replan_every, step_ns, self.cfg.scheduler.resolved_budget_ms(replan_every, start.period_ns)
+        except ValueError as e:
+            kept = (f"serving on the current schedule (period {self.source.period_ns} ns)" if self.source.start
+                    else "waiting for a valid Start")
+            self.telemetry.report("start_refused", f"Start refused: {e}; {kept}")
+            return None
+
     def _begin(self, start: Start) -> None:
-        """A session of the observation source: the first Start, or a restart (served from its first observation)."""
+        """A session of the observation source: the first Start, or a restart (served from its first observation).
+        A Start whose schedule cannot be kept is refused (_plan_of) and changes nothing."""
         restart = self.source.start is not None
-        if not self.source.begin(start):
-            return  # the same Start again
+        if (plan := self._plan_of(start)) is None or not self.source.begin(start):
+            return  # refused, or the same Start again
         self.liveliness.schedule(start)
-        self.replan_every, self.step_ns = self.runtime.chunk_timing(start.period_ns)
-        budget_ms = self.cfg.scheduler.resolved_budget_ms(self.replan_every, start.period_ns)
+        self.replan_every, self.step_ns, budget_ms = plan
         self._budget_ns = int(budget_ms * 1e6)
         self.runtime.set_budget_ms(budget_ms)
         self._window = DueWindow(int(self.cfg.obs_spin_us * 1e3), start.period_ns)
@@ -207,8 +230,13 @@ class RuntimeNode:
         """A timestamped message of the source, for its clock: its verdict (source.VERDICTS). An offset revealed is
         reported (once; from the handshake, at its end), and so is a jump of the source's clock."""
         verdict = self.source.heard(msg, t_recv_ns)
+        clock = self.source.clock
         if verdict == "offset" and self._serving:
             self._report_offset()
+        elif verdict == "late":
+            self.telemetry.report("obs_late", clock.describe_late(), every=True)
+        elif verdict == "ahead":
+            self.telemetry.report("clock_ahead", clock.describe_ahead())
         elif verdict == "jump":
             text = self.source.clock.describe_jump()
             self.telemetry.report("clock_jump", text)
@@ -226,7 +254,7 @@ class RuntimeNode:
         (obs_out_of_order), a replan is not due yet (replan_every_ticks), or it is stale: older than max_obs_age_ms
         or taken before its session's Start (obs_stale). Counts how it arrived (obs_arrival.*)."""
         src = self.source
-        if self._heard(obs, t_recv_ns) == "implausible":
+        if self._heard(obs, t_recv_ns) in NOT_TAKEN:
             return None  # touches nothing: not the clock, not the session
         admitted = src.admit(obs)
         if admitted == "restart":
@@ -286,6 +314,7 @@ class RuntimeNode:
         self.liveliness.stop()  # before the socket it shares closes
         self.telemetry.publish_final()
         self.out.sock.close(linger=200)  # LINGER 0 elsewhere: give that last message a moment to leave
+        # after the run, not cut (emit cuts long lines)
         print(f"runtime: {self.runtime.n_chunks} chunks sent; {self.telemetry.summary()}", flush=True)
         return self.runtime.n_chunks
 

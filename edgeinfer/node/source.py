@@ -5,10 +5,13 @@
   from its first observation (counter source_restarts). An observation older than the newest of its session
   (reordered, duplicated: the same seq or the same timestamp) is not served (obs_out_of_order); one taken before
   its session's Start is stale.
-- Its clock (SourceClock): the one-way delay floor of its messages, and an offset from this host's clock when
-  its timestamps come from another host. A message whose timestamp the floor makes implausible (a corrupted one
-  that still decodes) is counted (obs_implausible) and touches nothing: not the floor, not the session, not the
-  chunks; several in a row that agree are a clock that jumped (error.clock_jump), followed from then on.
+- Its clock (SourceClock): the one-way delay floor of its messages and, only for a source declared on another
+  host's clock (RuntimeConfig.obs_clock), an offset from this host's clock. On this host's clock (the default on
+  loopback) timestamps are taken as they are: ages are true, a stream that comes late is stale (obs_stale, and
+  error.obs_late once it has been late for a whole window), never read as an offset; one stamped ahead of this
+  host's clock is refused (error.clock_ahead). A message whose timestamp the floor makes implausible (a corrupted
+  one that still decodes) is counted (obs_implausible) and touches nothing: not the floor, not the session, not
+  the chunks; several in a row that agree are a clock that jumped (error.clock_jump), followed from then on.
 - When the next observation to decode is due (due_ns), and the window around it (DueWindow) in which the loop
   spins instead of sleeping (edgeinfer/node/serve.py), so that it arrives to a loop already awake.
 """
@@ -25,11 +28,13 @@ JUMP_SAMPLES = 3  # this many implausible messages in a row that agree: the sour
 JUMP_AGREE_NS = 5_000_000  # ...agree: each later than the one before, their delays within this of the first's
 MAX_WAIT_NS = 100_000_000  # the loop waits for an observation due at most this far ahead (then it receives)
 ARRIVALS = ("early", "on_time", "late", "idle")  # arrival(): counters obs_arrival.<kind>
-VERDICTS = ("taken", "offset", "implausible", "jump")  # SourceClock.sample()
+VERDICTS = ("taken", "offset", "late", "implausible", "ahead", "jump")  # SourceClock.sample()
+NOT_TAKEN = ("implausible", "ahead")  # verdicts of a message not to be served
 
 
 class SourceClock:
-    """The one-way delay floor of the source's messages and the offset of its clock from this host's.
+    """The one-way delay floor of the source's messages and, for a source on another host (other_host), the offset
+    of its clock from this host's.
 
     Each timestamped message gives d = t_recv - t_src (t_src on the source's clock, t_recv on this host's
     CLOCK_MONOTONIC). On one host d >= 0, and its minimum, the floor, is the fastest transport (tens of us); an
@@ -38,10 +43,16 @@ class SourceClock:
     two half-windows (as BBR's min-RTT filter, Cardwell et al. 2016), so it follows a drifting clock and forgets
     a backlog read after a stall.
 
-    `offset` turns True (once; a jump decides it again) when the floor is negative (a message received before it
-    was sent) or above OFFSET_LIMIT_NS over a whole window (the fastest message of 0.25 s or more took longer than
-    that one way: not a delay); from then on local_ns() reads the source's timestamps as t_src + floor, so the
-    fastest message counts as age 0. All times in ns.
+    On this host's clock (other_host False: the source stamps CLOCK_MONOTONIC here, on loopback) d is the
+    message's true age and is never explained away: a floor above OFFSET_LIMIT_NS over a whole window is a stream
+    that comes late (`late` turns True: the verdict "late", once per episode; its observations are stale), and a
+    message received before it was sent is not taken (the verdict "ahead", counted in `implausible` and `ahead`;
+    never a jump: one clock cannot jump ahead of itself).
+
+    From another host's clock (other_host True), `offset` turns True (once; a jump decides it again) when the
+    floor is negative (a message received before it was sent) or above OFFSET_LIMIT_NS over a whole window (the
+    fastest message of 0.25 s or more took longer than that one way: not a delay); from then on local_ns() reads
+    the source's timestamps as t_src + floor, so the fastest message counts as age 0. All times in ns.
 
     A minimum trusts its lowest sample, so a timestamp is judged before it is taken. Once there is a floor, a
     message is implausible (not taken; counted in `implausible`) when it is more than LATE_LIMIT_NS slower than
@@ -55,10 +66,11 @@ class SourceClock:
     with the offset decided at once from their floor.
     """
 
-    def __init__(self):
+    def __init__(self, other_host: bool = False):
+        self.other_host = other_host
         self.floor_ns: int | None = None  # None until the first sample
-        self.offset = False
-        self.implausible = self.jumps = 0
+        self.offset = self.late = False
+        self.implausible = self.jumps = self.ahead = 0
         self.jump_ns = 0  # how much the floor moved at the last jump
         self._cur: int | None = None  # the minimum of the current half-window, begun at _cur_start_ns
         self._prev: int | None = None  # the minimum of the one before (None: none, or too long ago)
@@ -68,8 +80,13 @@ class SourceClock:
 
     def sample(self, t_src_ns: int, t_recv_ns: int) -> str:
         """Take one message's timestamps (or not). One of VERDICTS: "taken"; "offset" (taken, and the one time the
-        samples reveal a clock offset); "implausible" (not taken); "jump" (the estimate started again from it)."""
+        samples reveal a clock offset: another host's clock only); "late" (taken, and the first sample of a floor
+        above OFFSET_LIMIT_NS for a whole window on this host's clock); "implausible" (not taken); "ahead" (not
+        taken: on this host's clock, received before it was sent); "jump" (the estimate started again from it)."""
         d = t_recv_ns - t_src_ns
+        if d < 0 and not self.other_host:
+            self.implausible, self.ahead = self.implausible + 1, self.ahead + 1
+            return "ahead"
         if self.floor_ns is not None and not self._plausible(d):
             return self._implausible(t_src_ns, d, t_recv_ns)
         self._streak.clear()
@@ -83,9 +100,13 @@ class SourceClock:
             self._cur = min(self._cur, d)
         self._settled = self._settled + 1 if settled else 0
         self.floor_ns = self._cur if self._prev is None else min(self._prev, self._cur)
+        behind = self.floor_ns < 0 or (self._prev is not None and self.floor_ns > OFFSET_LIMIT_NS)
+        if not self.other_host:  # one clock: a late stream is late, not an offset
+            was_late, self.late = self.late, behind or (self.late and self.floor_ns > OFFSET_LIMIT_NS)
+            return "late" if self.late and not was_late else "taken"
         if self.offset:
             return "taken"
-        self.offset = self.floor_ns < 0 or (self._prev is not None and self.floor_ns > OFFSET_LIMIT_NS)
+        self.offset = behind
         return "offset" if self.offset else "taken"
 
     def _plausible(self, d: int) -> bool:
@@ -108,7 +129,9 @@ class SourceClock:
         streak.clear()
         self._cur, self._prev, self._cur_start_ns = floor, None, t_recv_ns
         self.floor_ns, self._settled = floor, 0
-        self.offset = floor < 0 or floor > OFFSET_LIMIT_NS  # JUMP_SAMPLES that agree stand for a whole window
+        # JUMP_SAMPLES that agree stand for a whole window
+        self.offset = self.other_host and (floor < 0 or floor > OFFSET_LIMIT_NS)
+        self.late = not self.other_host and floor > OFFSET_LIMIT_NS
         return "jump"
 
     def local_ns(self, t_src_ns: int) -> int:
@@ -125,6 +148,19 @@ class SourceClock:
                 "offset (the fastest message is age 0), so max_obs_age_ms bounds the delay beyond it; for true ages "
                 "stamp observations on this host with CLOCK_MONOTONIC (Python: time.perf_counter_ns())")
 
+    def describe_late(self) -> str:
+        """What a late stream on this host's clock is (the ErrorEvent's text)."""
+        return (f"observations arrive at least {self.floor_ns / 1e6:.1f} ms after they were taken "
+                f"(for {2 * HALF_WINDOW_NS / 1e9:g} s), on this host's monotonic clock: their ages are true, so ones "
+                "older than max_obs_age_ms are stale (obs_stale), never served. A source on another host's clock: "
+                "set RuntimeConfig.obs_clock = 'other'")
+
+    def describe_ahead(self) -> str:
+        """What a timestamp ahead of this host's clock means (the ErrorEvent's text)."""
+        return ("an observation timestamp lies ahead of this host's monotonic clock (received before it was sent): "
+                "not this host's CLOCK_MONOTONIC, refused (obs_implausible). Stamp observations with "
+                "time.perf_counter_ns(), or for a source on another host set RuntimeConfig.obs_clock = 'other'")
+
     def describe_jump(self) -> str:
         """What the last jump was (the ErrorEvent's text)."""
         now = (f"on a clock {-self.floor_ns / 1e6:+.1f} ms from this host's, read against it" if self.offset
@@ -138,8 +174,8 @@ class ObservationSource:
     """The source's current session: its schedule (period_ns, from the Start), the newest observation, the next seq
     the runtime decodes (next_seq; the node advances it), and its clock. Counters: restarts, out_of_order."""
 
-    def __init__(self):
-        self.clock = SourceClock()
+    def __init__(self, other_host: bool = False):
+        self.clock = SourceClock(other_host)  # other_host: its timestamps are another host's clock
         self.start: Start | None = None
         self.t0_ns: int | None = None  # observations taken before it are stale (the Start's; None after a jump)
         self.last: Observation | None = None  # the newest observation of this session
@@ -161,9 +197,9 @@ class ObservationSource:
 
     def heard(self, msg: Message, t_recv_ns: int) -> str | None:
         """Sample the clock with a message's timestamp (Hello, Heartbeat, Observation): its verdict (VERDICTS; None
-        for a message without one). "implausible": the message is not to be served. "jump": the session's times
+        for a message without one). NOT_TAKEN: the message is not to be served. "jump": the session's times
         were on the clock before it, so it goes on from the next observation admitted (report clock.describe_jump());
-        "offset": report clock.describe()."""
+        "offset": report clock.describe(); "late": clock.describe_late(); "ahead": clock.describe_ahead()."""
         if not isinstance(msg, (Observation, Hello, Heartbeat)):
             return None
         verdict = self.clock.sample(msg.t_ns, t_recv_ns)

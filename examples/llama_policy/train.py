@@ -1,8 +1,13 @@
-"""Train the example llama-style action policy (policy.py) and its draft, and write their manifest.
+r"""Train the example llama-style action policy (policy.py) and its draft, and write their manifest.
 
     python examples/llama_policy/train.py                     # the Schunk recordings' training runs
     python examples/llama_policy/train.py --synthetic --steps 100   # the embedded synthetic log (no ../shared)
-    edgeinfer replay --policy examples/llama_policy/manifest.json --log ../shared/data/schunk_lwa4p/measurement_1
+    edgeinfer replay --policy examples/llama_policy/manifest.json --trust-policy-code \
+        --log ../shared/data/schunk_lwa4p/measurement_1
+
+The manifest's factory runs policy.py: serving it needs --trust-policy-code (engines/factory.py). With --out
+elsewhere, policy.py is copied there, so that the folder holds its own code (a factory's module must be inside
+the manifest's folder).
 
 Data: the Schunk LWA 4P runs of the training split (edgeinfer.logs.arm_log.split_of, as `edgeinfer train`: runs
 n % 5 == 1 are held out and give the metrics), windows and tokenizer as engines/dataset.py and
@@ -15,7 +20,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import os
+import shutil
 import time
 from pathlib import Path
 
@@ -69,7 +74,9 @@ def train(out: Path = HERE, data: Path | None = SCHUNK, steps: int = 1000, seed:
     config = {"obs_dim": feats.shape[1], "n_joints": offsets.shape[2], "horizon": HORIZON,
               "stride_ticks": STRIDE_TICKS, "n_bins": N_BINS}
     out.mkdir(parents=True, exist_ok=True)
-    factory = f"{os.path.relpath(HERE / 'policy.py', out.resolve())}:build"
+    if out.resolve() != HERE:  # a policy folder holds its own code: the factory's module must be inside it
+        shutil.copyfile(HERE / "policy.py", out / "policy.py")
+    factory = "policy.py:build"
     build = import_factory(factory, out)
     cfg = FactoryPolicyConfig(**config)
     target, draft = (build(cfg, **stats, **shape) for shape in (TARGET, DRAFT))
