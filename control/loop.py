@@ -99,6 +99,7 @@ class ControlStats(CommandCounters):
     obs_read_capped: int = 0  # ticks that stopped reading observations at their budget, more queued: a flood
     overruns: int = 0  # ticks skipped because the loop ran a whole period or more late (live)
     commands_dropped: int = 0  # commands made but not sent: the commands queue was full (HWM), nobody reading
+    links_relinked: int = 0  # observation or chunk links reconnected after a drop (a frame over 64 MiB cuts one)
     malformed: int = 0
     malformed_by_kind: dict = field(default_factory=dict)
     runtime_lost: int = 0  # times the runtime was declared lost (connection dropped or lease expired)
@@ -134,7 +135,7 @@ class ControlLoop:
         self.log = self.telemetry.log
         self.runtime = Lease("runtime", int(50e6))  # until the runtime announces its own lease
         self.status = None
-        self.link = None
+        self.link = self.obs_link = None
         self._next_beat_ns = 0
         self._beat_seq = 0
         self._start: Start | None = None
@@ -152,7 +153,8 @@ class ControlLoop:
                                      joints=len(self.cfg.limits.q_min_rad))  # a wrong D stops at the entry
         self.chunks = transport.Receiver(transport.sub(self.ctx, self.endpoints.chunks, curve=keys),
                                          on_error=self._wire_error, joints=len(self.cfg.limits.q_min_rad))
-        self.link = LinkMonitor(self.chunks.sock)
+        self.link = LinkMonitor(self.chunks.sock, self.endpoints.chunks)  # both links healed when libzmq drops one
+        self.obs_link = LinkMonitor(self.obs.sock, self.endpoints.obs)
         self.commands = transport.push(self.ctx, self.endpoints.commands, curve=keys)
         self.ready = transport.push(self.ctx, self.endpoints.ready, curve=keys)
         if self.endpoints.status:
@@ -235,6 +237,9 @@ class ControlLoop:
     def _take_messages(self, t_tick_ns: int, final: bool = False) -> bool:
         """Absorb pending chunks and observations, and the runtime's liveliness; False when the run was stopped."""
         t, runtime = self.clock(), self.runtime
+        if self.obs_link is not None and self.obs_link.poll()[1]:
+            self.telemetry.report("link_relinked", f"observation link {self.endpoints.obs} dropped (a frame over "
+                                  f"{transport.MAX_MESSAGE_BYTES >> 20} MiB, or its publisher restarted): reconnected")
         if self.link is not None and self.link.poll()[1] and runtime.alive:  # its connection dropped: it is gone
             runtime.drop(t)
             self._runtime_lost(t, "connection dropped")
@@ -346,6 +351,7 @@ class ControlLoop:
         st.runtime_restarts, st.runtime_lease_us, st.runtime_gap_max_us = rt.restarts, rt.lease_ns // 1000, \
             rt.gaps.max() // 1000
         st.heartbeats_implausible = rt.implausible
+        st.links_relinked = sum(link.relinks for link in (self.link, self.obs_link) if link is not None)
         counters = {k: v for k, v in vars(st).items() if isinstance(v, int)}
         counters.update({f"malformed.{k}": v for k, v in st.malformed_by_kind.items()})
         self.telemetry.counters.update(counters)
@@ -366,8 +372,9 @@ class ControlLoop:
         self.telemetry.observe_ns("tick_lateness", t_send - t_tick_ns)
 
     def close(self) -> None:
-        if self.link is not None:
-            self.link.close()
+        for link in (self.link, self.obs_link):
+            if link is not None:
+                link.close()
         if getattr(self, "auth", None) is not None:
             self.auth.stop()
         self.ctx.destroy(linger=0)

@@ -55,8 +55,8 @@ class SafetyLimits:
                 raise ValueError("SafetyLimits.q_min_rad must be below q_max_rad for every joint")
         for name, what in (("qd_max_rad_s", "speed"), ("qdd_max_rad_s2", "acceleration")):
             self._check_rate(name, what)
-        if not self.dt_max_s > 0:
-            raise ValueError(f"SafetyLimits.dt_max_s must be > 0, got {self.dt_max_s}")
+        if not 0 < self.dt_max_s <= 10:  # inf: a stall of any length would turn into a jump
+            raise ValueError(f"SafetyLimits.dt_max_s must be in (0, 10] s, got {self.dt_max_s}")
 
     def _check_rate(self, name: str, what: str) -> None:
         """A speed or acceleration limit: unset, or finite and > 0, one value or one per joint."""

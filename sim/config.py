@@ -71,8 +71,8 @@ class PacingConfig:
         name = type(self).__name__
         if not 0.1 <= self.time_scale <= 20:
             raise ValueError(f"{name}.time_scale must be in [0.1, 20], got {self.time_scale}")
-        if self.deadline_ms is not None and not self.deadline_ms > 0:
-            raise ValueError(f"{name}.deadline_ms must be > 0, got {self.deadline_ms}")
+        if self.deadline_ms is not None and not 0 < self.deadline_ms <= 60_000:  # beyond a minute: a typo
+            raise ValueError(f"{name}.deadline_ms must be in (0, 60000], got {self.deadline_ms}")
         if not 0 < self.settle_ms <= 60_000:
             raise ValueError(f"{name}.settle_ms must be in (0, 60000], got {self.settle_ms}")
         if not self.handshake_timeout_s > 0:

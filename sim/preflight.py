@@ -49,8 +49,12 @@ def policy_shape(runtime: RuntimeConfig, log: ArmLog) -> dict:
                 "control_rate_hz": None, "joint_names": None, "limits": None, "manifest": None}
     manifest = policy_manifest(runtime)
     data = manifest.get("data") or {}
-    return {"n_joints": manifest["config"]["n_joints"], "stride_ticks": manifest["config"]["stride_ticks"],
-            "horizon": manifest["config"]["horizon"],
+    config = manifest.get("config")
+    missing = [k for k in ("n_joints", "stride_ticks", "horizon") if not isinstance(config, dict) or k not in config]
+    if missing:
+        raise ValueError(f"{runtime.policy}: the manifest's \"config\" lacks {missing} (a policy manifest names its "
+                         "joint count, chunk stride and horizon there: docs/byo-policy.md)")
+    return {"n_joints": config["n_joints"], "stride_ticks": config["stride_ticks"], "horizon": config["horizon"],
             "control_rate_hz": manifest.get("control_rate_hz", data.get("rate_hz")),
             "joint_names": data.get("joint_names"), "limits": manifest.get("limits"), "manifest": str(runtime.policy)}
 

@@ -27,6 +27,7 @@ from pathlib import Path
 
 import msgspec
 import numpy as np
+from rich.markup import escape
 
 from edgeinfer.core.wire import RUNGS
 from edgeinfer.sim.metrics import OUTCOMES, measured_chunks, row_of_tick
@@ -207,5 +208,5 @@ def run_mcap_section(rec, log, report: dict, per_tick: dict, cfg, console=None) 
         return {"file": None, "skipped": "run_mcap is false (--run-mcap false)"}
     result = write_run_mcap(rec, log, report, per_tick, cfg, cfg.out / FILE)
     if result["file"] is None and console is not None:
-        console.print(f"[yellow]{FILE} skipped: {result['skipped']}[/yellow]")
+        console.print(f"[yellow]{FILE} skipped: {escape(result['skipped'])}[/yellow]")  # [logs] is not markup
     return result

@@ -84,6 +84,14 @@ def test_the_acceleration_limit_ramps_the_speed_up_and_down():
     assert c.clamped_acceleration == 10
 
 
+@pytest.mark.parametrize("kw, match", [(dict(dt_max_s=float("inf")), "dt_max_s"), (dict(dt_max_s=0.0), "dt_max_s"),
+                                       (dict(qdd_max_rad_s2=0.0), "qdd_max_rad_s2"),
+                                       (dict(qdd_max_rad_s2=[1.0, 2.0, 3.0]), "qdd_max_rad_s2 has 3 entries")])
+def test_limits_that_would_let_a_stall_jump_or_never_move_are_refused(kw, match):
+    with pytest.raises(ValueError, match=match):
+        _gate(**kw)
+
+
 # ---- properties ----------------------------------------------------------------------------------------------
 
 values = st.one_of(st.floats(-10.0, 10.0), st.sampled_from([1e6, -1e6, 5.0, -5.0, 1e308, np.nan, np.inf, -np.inf]))

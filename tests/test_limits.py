@@ -242,3 +242,11 @@ def test_the_embedded_controller_and_the_control_loop_resolve_their_limits_befor
         loop = ControlLoop(ControlConfig(limits=SafetyLimits(urdf=LWA4P)), Endpoints.free_loopback())
         assert loop.cfg.limits.q_max_rad[2] == 2.694 and loop.cfg.limits.urdf is None
     assert ControlLoop(ControlConfig(), Endpoints.free_loopback()).cfg.limits.q_max_rad == [2.967] * 6
+
+
+def test_a_policy_manifest_without_its_config_is_named(tmp_path):
+    from edgeinfer.node.runtime import RuntimeConfig
+
+    (tmp_path / "m.json").write_text('{"factory": "policy.py:build", "config": {"n_joints": 6}}')
+    with pytest.raises(ValueError, match=r"m.json: the manifest's \"config\" lacks \['stride_ticks', 'horizon'\]"):
+        policy_shape(RuntimeConfig(policy=tmp_path / "m.json"), None)

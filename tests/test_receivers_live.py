@@ -5,6 +5,7 @@ valid observations after them: chunks and commands keep coming. Waits are on wha
 (a 100 ms host stall cannot break them)."""
 
 import time
+from contextlib import contextmanager
 
 import numpy as np
 import zmq
@@ -77,7 +78,10 @@ def _stream(h: Harness, seqs: range, procs) -> None:
         time.sleep(PERIOD_NS / 1e9)
 
 
-def test_live_nodes_count_hostile_frames_by_kind_and_keep_serving(tmp_path):
+@contextmanager
+def live_nodes(tmp_path):
+    """A null-policy runtime and a control loop (6 joints), handshaken and started: (Harness, their processes);
+    stopped at the end, each required to exit 0."""
     ep = transport.Endpoints.free_loopback()
     runtime = RuntimeConfig(null_policy=True, runtime_stats_ms=STATS_MS, idle_timeout_s=60.0, replan_every_ticks=1)
     limits = resolve_limits(SafetyLimits()).limits
@@ -94,28 +98,54 @@ def test_live_nodes_count_hostile_frames_by_kind_and_keep_serving(tmp_path):
                                             check=lambda: group.check_started(procs))
             transport.wait_for_hello([h.chunks], 60.0)
             transport.send(h.obs, wire.Start(now_ns(), PERIOD_NS, 10**12))
-            _stream(h, range(0, 50), procs)
-            for frames in _hostile(50).values():
-                h.obs.send_multipart(frames)
-            _stream(h, range(52, 150), procs)
-            want = {"garbage": 1, "oversize": 1, "frames": 1}
-            deadline = time.monotonic() + 30
-            while time.monotonic() < deadline and not (
-                    h.malformed("runtime") == want and h.malformed("control").get("joints", 0) >= 1
-                    and any(c.obs_seq >= 140 for c in h.commands_seen)):
-                h.take()
-                time.sleep(0.02)
+            yield h, procs
             assert all(p.poll() is None for p in procs), [p.exit_report() for p in procs]
-            # the null policy holds any joint count: the runtime serves the 3-joint observation, the control loop
-            # refuses it and the 3-joint chunk planned from it (both counted "joints")
-            assert h.malformed("runtime") == want
-            control_counts = h.malformed("control")
-            joint_chunks = sum(c.steps_rad.shape[1] == 3 for c in h.chunks_seen)
-            assert control_counts == {**want, "joints": 1 + joint_chunks}, control_counts
-            after = [c for c in h.commands_seen if c.obs_seq > 51]  # commands planned after the hostile four
-            assert len(after) >= 20 and all(c.q_rad.shape == (D,) for c in h.commands_seen)
             stop = wire.Stop("end of test")
             transport.send(h.obs, stop)
             assert group.finish(procs, poke=lambda: transport.send(h.obs, stop)) == {"runtime": 0, "control": 0}
     finally:
         ctx.destroy(linger=0)
+
+
+def _until(h: Harness, done, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and not done():
+        h.take()
+        time.sleep(0.02)
+
+
+def test_live_nodes_count_hostile_frames_by_kind_and_keep_serving(tmp_path):
+    with live_nodes(tmp_path) as (h, procs):
+        _stream(h, range(0, 50), procs)
+        for frames in _hostile(50).values():
+            h.obs.send_multipart(frames)
+        _stream(h, range(52, 150), procs)
+        want = {"garbage": 1, "oversize": 1, "frames": 1}
+        _until(h, lambda: h.malformed("runtime") == want and h.malformed("control").get("joints", 0) >= 1
+               and any(c.obs_seq >= 140 for c in h.commands_seen))
+        # the null policy holds any joint count: the runtime serves the 3-joint observation, the control loop
+        # refuses it and the 3-joint chunk planned from it (both counted "joints")
+        assert h.malformed("runtime") == want
+        control_counts = h.malformed("control")
+        joint_chunks = sum(c.steps_rad.shape[1] == 3 for c in h.chunks_seen)
+        assert control_counts == {**want, "joints": 1 + joint_chunks}, control_counts
+        after = [c for c in h.commands_seen if c.obs_seq > 51]  # commands planned after the hostile four
+        assert len(after) >= 20 and all(c.q_rad.shape == (D,) for c in h.commands_seen)
+
+
+def test_a_frame_over_the_hard_cap_costs_a_relink_not_the_link(tmp_path):
+    # libzmq drops a connection that brings a frame over ZMQ_MAXMSGSIZE and never reconnects it: on main the nodes
+    # were blind for the rest of the run, with no counter. Now each node reconnects, counts it and serves on.
+    with live_nodes(tmp_path) as (h, procs):
+        _stream(h, range(0, 50), procs)
+        valid = _obs(50)
+        h.obs.send_multipart([valid[0], b"\x00" * (transport.MAX_MESSAGE_BYTES + 1), *valid[2:]])
+        _stream(h, range(51, 200), procs)
+
+        def relinked(node: str) -> int:
+            return h.stats[node].counters.get("links_relinked", 0) if node in h.stats else 0
+        _until(h, lambda: relinked("runtime") >= 1 and relinked("control") >= 1
+               and any(c.obs_seq >= 190 for c in h.commands_seen))
+        assert relinked("runtime") >= 1 and relinked("control") >= 1
+        after = [c for c in h.commands_seen if c.obs_seq > 60]  # planned from observations after the cut
+        assert len(after) >= 50

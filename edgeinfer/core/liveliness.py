@@ -135,18 +135,25 @@ class Lease:
 
 
 class LinkMonitor:
-    """Connection events of one socket (connect side), read without blocking.
+    """Connection events of one socket (connect side), read without blocking; with `endpoint`, it also heals the
+    link libzmq gives up on.
 
     `poll()` returns (connected, disconnected) counts since the last call. Uses zmq_socket_monitor on an
     inproc PAIR in the socket's context; costs one non-blocking recv per call when nothing happened.
+
+    libzmq reconnects a connecting socket whose peer went away, but not one it disconnected itself for a protocol
+    error: a frame over ZMQ_MAXMSGSIZE (transport.MAX_MESSAGE_BYTES) from a peer cuts that link for good. With
+    `endpoint` (the one the socket connected to), every disconnect is answered by disconnect + connect, which
+    brings such a link back at once (and a peer's restart is reconnected as libzmq would); `relinks` counts them.
     """
 
     EVENTS = zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED
 
-    def __init__(self, sock: zmq.Socket):
-        self.sock = sock
+    def __init__(self, sock: zmq.Socket, endpoint: str | None = None):
+        self.sock, self.endpoint = sock, endpoint
         self.mon = sock.get_monitor_socket(self.EVENTS)
         self.disconnects = 0
+        self.relinks = 0
 
     def poll(self) -> tuple[int, int]:
         up = down = 0
@@ -154,12 +161,23 @@ class LinkMonitor:
             try:
                 event = recv_monitor_message(self.mon, flags=zmq.NOBLOCK)
             except zmq.Again:
-                return up, down
+                break
             if event["event"] == zmq.EVENT_DISCONNECTED:
                 down += 1
                 self.disconnects += 1
             elif event["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED:
                 up += 1
+        if down and self.endpoint is not None:
+            self._relink()
+        return up, down
+
+    def _relink(self) -> None:
+        try:
+            self.sock.disconnect(self.endpoint)
+        except zmq.ZMQError:  # libzmq has dropped the endpoint already (a protocol error): nothing to undo
+            pass
+        self.sock.connect(self.endpoint)
+        self.relinks += 1
 
     def close(self) -> None:
         self.sock.disable_monitor()

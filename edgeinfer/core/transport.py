@@ -48,8 +48,8 @@ HELLO_PERIOD_MS = 10
 # ZMQ_MAXMSGSIZE of every socket: the memory one frame may take, a hard cap far above any valid frame (headers are at
 # most wire.MAX_HEADER_BYTES, the largest array 256 x 64 x 8 = 128 KiB). libzmq treats a bigger frame as a protocol
 # error and drops the connection for good (a SUB does not reconnect), so the wire limits are not set here: decode
-# refuses a frame over them ("oversize", counted) with the connection kept. Only a peer sending over 64 MiB in one
-# frame loses its link.
+# refuses a frame over them ("oversize", counted) with the connection kept. A frame over 64 MiB still costs the link
+# its in-flight messages: the nodes' connecting sockets are healed by liveliness.LinkMonitor (links_relinked).
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 RECONNECT_IVL_MS = 10  # a restarted peer is reconnected to within about this (libzmq's default is 100 ms)
 

@@ -25,6 +25,7 @@ import zmq
 from edgeinfer.core import transport
 from edgeinfer.core.clock import check_period_ns, now_ns, pin_to_cpus, wait_until
 from edgeinfer.core.lifecycle import ParentWatch
+from edgeinfer.core.liveliness import LinkMonitor
 from edgeinfer.core.logwriter import emit
 from edgeinfer.core.scheduler import UNRESOLVED_BUDGET_MS
 from edgeinfer.core.wire import ActionChunk, Hello, Message, Observation, ObservationMismatch, Start, Stop
@@ -72,7 +73,7 @@ class RuntimeNode:
 
     def __init__(self, cfg: RuntimeConfig, endpoints: transport.Endpoints):
         self.cfg, self.endpoints = cfg, endpoints
-        self.ctx = self.auth = self.liveliness = self._stop_echo = None
+        self.ctx = self.auth = self.liveliness = self._stop_echo = self.obs_link = None
         self._last_msg_ns = 0  # the observation source's last message (the idle exit before a control loop beats)
         self._serving = False  # the handshake is over (every peer hears the chunk PUB)
         # its timestamps on another host's clock (an offset estimated) or this host's (ages true): decided once
@@ -101,6 +102,7 @@ class RuntimeNode:
             self.obs_rx = transport.Receiver(transport.sub(self.ctx, ep.obs, hwm=transport.LATEST_HWM, curve=keys),
                                              on_error=on_error, latest=Observation, joints=self.runtime.n_joints)
             self._obs_ready = _readable(self.obs_rx.sock, self._woke)
+            self.obs_link = LinkMonitor(self.obs_rx.sock, ep.obs)  # heals the link libzmq drops (a frame over 64 MiB)
             status_rx = (transport.Receiver(transport.sub(self.ctx, ep.status, curve=keys), on_error=on_error)
                          if ep.status else None)
             self.ready = transport.push(self.ctx, ep.ready, curve=keys)
@@ -156,6 +158,9 @@ class RuntimeNode:
         due_ns = self._await()
         got = self.obs_rx.recv_latest(100)  # latest-only: a stale observation is worse than none
         t_recv = now_ns()
+        if self.obs_link.poll()[1]:
+            self.telemetry.report("link_relinked", f"observation link dropped (a frame over "
+                                  f"{transport.MAX_MESSAGE_BYTES >> 20} MiB, or its publisher restarted): reconnected")
         self.liveliness.poll(t_recv)
         if not got.count and not got.others:
             if why := self.liveliness.gone(t_recv, self._last_msg_ns, int(self.cfg.idle_timeout_s * 1e9)):
@@ -304,7 +309,8 @@ class RuntimeNode:
         rx, control, src = self.obs_rx, self.liveliness.control, self.source
         counters = dict(obs_received=rx.received, obs_superseded=rx.stale_dropped, chunks_sent=self.runtime.n_chunks,
                         control_lost=control.lost, control_restarts=control.restarts, source_restarts=src.restarts,
-                        obs_out_of_order=src.out_of_order, obs_implausible=src.clock.implausible)
+                        obs_out_of_order=src.out_of_order, obs_implausible=src.clock.implausible,
+                        links_relinked=self.obs_link.relinks)
         counters.update({f"malformed.{kind}": n for kind, n in list(rx.malformed_by_kind.items())})
         counters.update(self._engine_counters)
         return counters
@@ -321,6 +327,8 @@ class RuntimeNode:
     def close(self) -> None:
         if self.liveliness is not None:
             self.liveliness.stop()
+        if self.obs_link is not None:
+            self.obs_link.close()
         if self._stop_echo is not None:
             self._stop_echo()
         if self.auth is not None:
