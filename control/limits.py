@@ -13,6 +13,7 @@ says 100 rad/s): it is kept as given, and warned about, since it leaves the rate
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from typing import Sequence
 
 import numpy as np
 
@@ -89,7 +90,8 @@ def resolve_limits(given: SafetyLimits, joint_names: list[str] | None = None, na
     if not isinstance(values["qd_max_rad_s"], list):  # one speed for every joint
         values["qd_max_rad_s"] = [float(values["qd_max_rad_s"])] * len(values["q_min_rad"])
     how = f" ({urdf.how})" if urdf is not None else ""
-    if error := joint_count_error({**(counts or {}), **_limit_counts(values, sources, how)}):
+    one_given = [f for f in ("q_min_rad", "q_max_rad") if sources[f] == "given" and len(values[f]) == 1]
+    if error := joint_count_error({**(counts or {}), **_limit_counts(values, sources, how)}, one_given):
         raise JointCountError(error)
     try:
         limits = replace(given, urdf=None, urdf_joints=None, **values)
@@ -140,10 +142,13 @@ def _manifest_limits(raw: dict, where: str) -> dict:
     return out
 
 
-def joint_count_error(counts: dict[str, tuple[int | dict[int, str], str]]) -> str | None:
+def joint_count_error(counts: dict[str, tuple[int | dict[int, str], str]], one_given: Sequence[str] = ()
+                      ) -> str | None:
     """None when every party has the same joint count, else the one message naming them all: counts is
     {"the log": (D, where), "the policy": (D, where), "the limits": (D or {D: its fields}, where)} (in that
-    order)."""
+    order); one_given: the position limit fields given one value (--q-min-rad -1), which take one per joint. It
+    says what to do: the option to fix, unless the log and the policy differ (the caller knows the remedy: a
+    policy for this robot)."""
     numbers = {k for n, _ in counts.values() for k in (n if isinstance(n, dict) else [n])}
     if len(numbers) <= 1:
         return None
@@ -155,7 +160,13 @@ def joint_count_error(counts: dict[str, tuple[int | dict[int, str], str]]) -> st
     head = ", ".join(f"{who} {verbs.get(who, 'have {}').format(count(n))}" for who, (n, _) in counts.items())
     where = "; ".join(f"{who}: {w}" for who, (_, w) in counts.items())
     hint = ""
-    if any(DEFAULT_SOURCE in w for _, w in counts.values()):
+    robot = {n for who, (n, _) in counts.items() if who != "the limits"}
+    if len(robot) > 1:
+        pass  # the log and the policy differ: no limit fixes that (sim/preflight.py says to train a policy)
+    elif one_given and (joints := next(iter(robot)) if robot else max(numbers)) > 1:
+        flags = " and ".join(f"--{name.replace('_', '-')}" for name in one_given)
+        hint = f" - give one value per joint ({joints}) to {flags} (only --qd-max-rad-s takes one for every joint)"
+    elif any(DEFAULT_SOURCE in w for _, w in counts.values()):
         hint = (" - the built-in limits are the Schunk LWA 4P's 6 joints: pass --urdf FILE, or --q-min-rad, "
                 "--q-max-rad and --qd-max-rad-s, or use a policy whose manifest has \"limits\"")
     elif any("file order" in w for _, w in counts.values()):

@@ -139,8 +139,8 @@ def _run(args, parser) -> int:
 
         cfg = build(TrainConfig, args)
         policy = train(cfg)
-        print(f"wrote {cfg.out} and {cfg.out.with_suffix('.pt')}; held-out metrics: "
-              f"{policy.manifest['metrics_held_out']}")
+        print(f"wrote {cfg.out} and {cfg.out.with_suffix('.pt')}; held-out verdict: "
+              f"{policy.manifest['heldout']['verdict']}")
         return 0
     if args.command == "bench":
         if args.suite == "spec":

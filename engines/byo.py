@@ -485,16 +485,35 @@ def _check_model(spec: ByoSpec, err: _Errors) -> None:
     probe = np.zeros((1, spec.n_obs), np.float32)
     try:
         out = runner(probe)
-    except RuntimeError as e:  # TorchScript: a shape mismatch surfaces here, its cause on the last line
-        raise err("observation", f"fields give {spec.n_obs} values ({widths}), which the model rejects: "
-                                 f"{str(e).strip().splitlines()[-1]}") from None
     except ValueError as e:
         raise ValueError(f"{err.file}: {e}") from None
+    except Exception as e:  # TorchScript: a shape mismatch is a RuntimeError, or torch.jit.Error (not one) when
+        # the check is in scripted code (nn.LSTM's "Expected 41, got 47"); its cause is on the last line
+        takes = _probed_width(runner, spec.n_obs)
+        raise err("observation", f"fields give {spec.n_obs} values ({widths}), which the model rejects"
+                                 f"{f' (it takes {takes})' if takes else ''}: {str(e).strip().splitlines()[-1]}"
+                  ) from None
     if out.shape != (1, spec.n_joints) or out.dtype != np.float32:
         raise err("n_joints", f"the model returns {out.dtype}{out.shape}, expected float32 "
                               f"(1, {spec.n_joints})")
     if not spec.stateful and not np.array_equal(runner(probe), out):
         raise err("stateful", "false, but two identical calls gave different actions (set stateful = true)")
+
+
+def _probed_width(runner: PolicyRunner, tried: int) -> int | None:
+    """The input width a TorchScript model takes, when the spec's (`tried`) failed: the input width of its first
+    weight matrix (a Linear's or an LSTM's, (out, in)), confirmed by one probe call of that width. None when there
+    is no such weight or the call fails too (the model's error then says what it wants)."""
+    if not isinstance(runner, TorchScriptRunner):
+        return None
+    weights = [p for p in runner.module.parameters() if p.dim() == 2]
+    if not weights or (width := int(weights[0].shape[1])) == tried:
+        return None
+    try:
+        runner(np.zeros((1, width), np.float32))
+    except Exception:  # noqa: BLE001  (a guess that does not run: say nothing about the width)
+        return None
+    return width  # the runner is the load check's own: the call leaves no state in the served policy
 
 
 class _Errors:

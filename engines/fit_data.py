@@ -14,8 +14,9 @@ rate; velocities a log lacks are derived by its reader (finite differences) and 
 """
 from __future__ import annotations
 
+import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
 
@@ -97,6 +98,18 @@ class FitData:
     rule: str
     train: list[Unit]
     held_out: list[Unit]
+    # What the dataset's metadata claims against what was found (metadata_claims); None without metadata.
+    claims: dict | None = None
+
+    @property
+    def warnings(self) -> list[str]:
+        """Data the split did not see: the metadata's episodes or frames the files do not hold."""
+        c = self.claims
+        if c is None or all(c[f"{k}_claimed"] in (None, c[f"{k}_found"]) for k in ("episodes", "frames")):
+            return []
+        return [f"{c['where']} claims {c['episodes_claimed']} episodes / {c['frames_claimed']} frames; the data "
+                f"files hold {c['episodes_found']} episodes / {c['frames_found']} frames: training on "
+                f"{len(self.train)} and holding out {len(self.held_out)} of those found"]
 
     @property
     def units(self) -> list[Unit]:
@@ -111,18 +124,21 @@ class FitData:
     def n_joints(self) -> int:
         return self.train[0].log.n_joints
 
-    def windows(self, part: Literal["train", "held_out"], horizon: int, stride: int) -> tuple[np.ndarray, np.ndarray]:
+    def windows(self, part: Literal["train", "held_out"], horizon: int, stride: int,
+                with_units: bool = False) -> tuple[np.ndarray, ...]:
         """(features (N, 3D), offsets (N, H, D) rad) of the part's units, in unit order, each window inside one
-        unit (engines/dataset.chunk_windows). Raises ValueError when no unit of the part is long enough for one
-        window ((horizon + 1) x stride + 1 rows)."""
+        unit (engines/dataset.chunk_windows); with_units: also (N,) int, the index in the part of each window's
+        unit. Raises ValueError when no unit of the part is long enough for one window ((horizon + 1) x stride
+        + 1 rows)."""
         units = getattr(self, part)
         parts = [chunk_windows(u.log.q_rad, u.log.qd_rad_s, horizon, stride)[:2] for u in units]
         feats, offsets = np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
+        unit_of = np.repeat(np.arange(len(units)), [len(p[0]) for p in parts])
         if not len(feats):
             raise ValueError(f"{self.cfg.data}: the {part} units {[u.name for u in units]} are too short for one "
                              f"window of {horizon} steps x {stride} ticks; choose other units, or a shorter --horizon "
                              "or --stride-ticks")
-        return feats, offsets
+        return (feats, offsets, unit_of) if with_units else (feats, offsets)
 
     def manifest(self, train_windows: int, held_out_windows: int) -> dict:
         """The manifest's "data" entry: where the data came from, how it was read and split."""
@@ -136,7 +152,8 @@ class FitData:
                 "reader_options": self.cfg.reader_options(),
                 "joint_names": logs[0].joint_names, "rate_hz": round(self.rate_hz, 3),
                 "qd_from_differences": any(g.qd_from_differences for g in logs),
-                "q_from_integration": any(g.q_from_integration for g in logs), "split": split}
+                "q_from_integration": any(g.q_from_integration for g in logs), "split": split,
+                "metadata_claims": self.claims, "warnings": self.warnings}
 
     def limits(self) -> dict:
         """The manifest's "limits" entry, fitted on the training units (see LIMITS_MARGIN): per joint (D,)
@@ -161,15 +178,35 @@ def load_fit_data(cfg: FitDataConfig) -> FitData:
         raise ValueError(f"{type(cfg).__name__}.data: no logs given")
     fmt, by, units = _read_units(cfg)
     _check_alike(units)
+    claims = metadata_claims(cfg.data, units) if fmt == "lerobot" else None
     if len(units) == 1:
-        return _time_split(cfg, fmt, units[0])
+        return replace(_time_split(cfg, fmt, units[0]), claims=claims)
     rule, held = _held_out(cfg, by, units)
     if not held:
         raise ValueError(f"{cfg.data}: no {by} is held out by the rule {rule!r}; name some with --held-out")
     train = [u for u in units if u not in held]  # Unit compares by identity
     if not train:
         raise ValueError(f"--held-out {cfg.held_out}: every {by} of {cfg.data} is held out; nothing left to train on")
-    return FitData(cfg, fmt, by, rule, train, held)
+    return FitData(cfg, fmt, by, rule, train, held, claims)
+
+
+def metadata_claims(root: Path, units: list[Unit]) -> dict:
+    """What a LeRobot dataset's meta/info.json claims against the episodes and frames its data files hold: a
+    trimmed copy keeps the full dataset's totals (reachy2_lerobot_v30 claims 14,983 frames and a train split
+    0:50 while 3 episodes, 899 frames, are present). Episodes claimed: the largest of total_episodes and the
+    ends of its splits ("0:50"). Returns {"where", "episodes_claimed", "frames_claimed", "episodes_found",
+    "frames_found"} (a claim info.json lacks is None). Raises LogError naming the file when it is unreadable."""
+    path = root / "meta" / "info.json"
+    try:
+        info = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise LogError(f"{path}: {e}") from None
+    ends = [int(m[1]) for v in (info.get("splits") or {}).values() if (m := re.fullmatch(r"\d+:(\d+)", str(v)))]
+    episodes = [int(n) for n in (info.get("total_episodes"), *ends) if isinstance(n, int)]
+    frames = info.get("total_frames")
+    return {"where": str(path), "episodes_claimed": max(episodes) if episodes else None,
+            "frames_claimed": frames if isinstance(frames, int) else None,
+            "episodes_found": len(units), "frames_found": int(sum(len(u.log) for u in units))}
 
 
 def _read_units(cfg: FitDataConfig) -> tuple[str, str, list[Unit]]:

@@ -6,7 +6,9 @@
 Data and split: engines/fit_data.py (episodes, files or runs are units; held-out units are never trained on
 and give the metrics). Loss: next-token cross-entropy with teacher forcing over [observation, action tokens].
 The manifest (out/policies/<data name>_target.json by default) records the data, its split, the joint limits
-fitted on the training part, the control rate, the training run and the held-out metrics.
+fitted on the training part, the control rate, the training run and the held-out metrics; "heldout" compares the
+policy with holding still and constant velocity (95 % intervals) and gives the verdict, printed with a warning
+when the policy is not better than both.
 """
 from __future__ import annotations
 
@@ -18,11 +20,12 @@ from typing import Literal
 import numpy as np
 import torch
 import torch.nn.functional as F
+from rich.console import Console
 from rich.progress import Progress
 
 from edgeinfer.engines.dataset import step_increments
 from edgeinfer.engines.dct_tokenizer import DctTokenizer
-from edgeinfer.engines.evaluate import evaluate_policy
+from edgeinfer.engines.evaluate import evaluate_policy, heldout_lines
 from edgeinfer.engines.fit_data import SCHUNK_DATA, FitDataConfig, default_horizon, default_stride_ticks, load_fit_data
 from edgeinfer.engines.model import POLICY_SIZES, ActionTransformer, PolicyConfig
 from edgeinfer.engines.paths import TRAINED_DIR, check_writable
@@ -91,10 +94,17 @@ def warmup_fraction(steps: int) -> float:
     return min(0.3, max(0.05, 3 / steps))
 
 
-def train(cfg: TrainConfig) -> Policy:
+def train(cfg: TrainConfig, console: Console | None = None) -> Policy:
     """Train, evaluate on the held-out units, and save weights + manifest to cfg.out (its folder is created).
-    Raises as engines.fit_data.load_fit_data for data it cannot use."""
+
+    Prints (on `console`) what the data's metadata claims when the files hold less, and the held-out action
+    RMSE against holding still and constant velocity with 95 % intervals (engines/evaluate.heldout_comparison),
+    with a warning when the policy is not better than both; the manifest records them ("heldout", and "data"
+    "warnings"). Raises as engines.fit_data.load_fit_data for data it cannot use."""
+    console = console or Console()
     data = load_fit_data(cfg)
+    for warning in data.warnings:
+        console.print(f"[yellow]data: {warning}[/yellow]")
     cfg.out.parent.mkdir(parents=True, exist_ok=True)  # fail before training, not after, if it cannot be made
     stride = cfg.stride_ticks or default_stride_ticks(data.rate_hz)
     horizon = cfg.horizon or default_horizon(stride / data.rate_hz, data.n_joints)
@@ -114,7 +124,7 @@ def train(cfg: TrainConfig) -> Policy:
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=cfg.lr, total_steps=cfg.steps,
                                                 pct_start=warmup_fraction(cfg.steps))
     t0 = time.monotonic()
-    with Progress() as progress:
+    with Progress(console=console) as progress:
         task = progress.add_task("training target", total=cfg.steps)
         for _ in range(cfg.steps):
             idx = torch.as_tensor(rng.integers(0, len(x), cfg.batch_size))
@@ -127,7 +137,16 @@ def train(cfg: TrainConfig) -> Policy:
             progress.update(task, advance=1, description=f"training target  loss {loss.item():.3f}")
     model.eval()
     policy = Policy(model, tokenizer, mean, std, manifest={})
-    ho_feats, ho_offsets = data.windows("held_out", horizon, stride)
+    ho_feats, ho_offsets, ho_units = data.windows("held_out", horizon, stride, with_units=True)
+    # consecutive windows share the future over horizon x stride ticks: the bootstrap's block (evaluate.py)
+    metrics = evaluate_policy(policy, ho_feats, ho_offsets, units=ho_units, block_windows=horizon * stride,
+                              seed=cfg.seed)
+    heldout = metrics.pop("heldout") | {"held_out_units": [u.name for u in data.held_out]}
+    for line in heldout_lines(heldout):
+        console.print(line, highlight=False)
+    if heldout["better_than"] != ["hold", "const_velocity"]:
+        console.print(f"[bold red]WARNING: the policy is {heldout['verdict']} on the held-out data (95 % "
+                      "intervals): it has not learned to predict this robot's actions[/bold red]")
     policy.save(cfg.out, {
         "control_rate_hz": round(data.rate_hz, 3),
         "data": data.manifest(len(x), len(ho_feats)),
@@ -135,6 +154,7 @@ def train(cfg: TrainConfig) -> Policy:
         "train": {"size": cfg.size, "seed": cfg.seed, "steps": cfg.steps, "batch_size": cfg.batch_size, "lr": cfg.lr,
                   "final_loss": float(loss.item()), "seconds": round(time.monotonic() - t0, 1),
                   "torch": torch.__version__},
-        "metrics_held_out": evaluate_policy(policy, ho_feats, ho_offsets),
+        "metrics_held_out": metrics,
+        "heldout": heldout,
     })
     return policy

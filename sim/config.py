@@ -34,6 +34,9 @@ class LogSourceConfig(ReaderOptions):
     # orientation)"), a feature for LeRobot, a column pattern for CSV; docs/log-formats.md
     extra: str | None = None
     duration_s: float | None = None  # replay only the log's first duration_s seconds of recorded time (None: all of it)
+    # A gap in the log longer than this is replayed as this long, s (the ticks after it move earlier; the report
+    # says how much was cut): a real export with hours between two sessions replays in seconds, not hours.
+    max_gap_s: float = 2.0
 
     READER_OPTIONS = (*ReaderOptions.READER_OPTIONS, "episode", "extra")
 
@@ -42,6 +45,8 @@ class LogSourceConfig(ReaderOptions):
         self.log = Path(self.log) if self.log is not None else None
         if self.duration_s is not None and not self.duration_s > 0:
             raise ValueError(f"{type(self).__name__}.duration_s must be > 0, got {self.duration_s}")
+        if not 0 < self.max_gap_s <= 3600:
+            raise ValueError(f"{type(self).__name__}.max_gap_s must be in (0, 3600], got {self.max_gap_s}")
 
 
 @dataclass(kw_only=True)

@@ -61,9 +61,9 @@ from edgeinfer.sim.replay import (
 )
 from edgeinfer.sim.report import print_table, replay_progress, write_report
 from edgeinfer.sim.run_mcap import run_mcap_section
-from edgeinfer.sim.schedule import tick_grid
+from edgeinfer.sim.schedule import replay_ticks
 from edgeinfer.sim.stats import latency_ci_ms, latency_summary_ms
-from edgeinfer.sim.supervisor import Supervisor, safety_report
+from edgeinfer.sim.supervisor import Supervisor, safety_section
 
 PORT_MAP = {"chunks": 0, "echo": 1, "obs": 2, "ready": 3, "status": 4, "commands": 5}  # offsets from PORT
 # the runtime's histograms that subtract our timestamps from its clock: meaningless across hosts
@@ -183,7 +183,7 @@ def hil(cfg: HilConfig, console: Console | None = None) -> dict:
     cfg.control.limits = limits.limits  # resolved (control/limits.py): the control node gets every value
     for warning in limits.warnings:
         console.print(f"[yellow]limits: {warning}[/yellow]")
-    stride, ticks = policy["stride_ticks"], tick_grid(log)
+    stride, (ticks, _) = policy["stride_ticks"], replay_ticks(log, cfg.max_gap_s)
     ep, echo, robot = hil_endpoints(cfg)
     keys = ep.curve_keys()
     cfg.out.mkdir(parents=True, exist_ok=True)
@@ -256,8 +256,7 @@ def hil(cfg: HilConfig, console: Console | None = None) -> dict:
     report["stages_ms"] = {k: latency_summary_ms(v * 1e6) for k, v in stages.items()}
     report["hil"] = hil_section(rec, cfg, ep, echo, robot, report["network"]["round_trip_ms"]["p50"])
     report["node_stats"] = {name: _same_clock_stats(stats_summary(st)) for name, st in sorted(rec.node_stats.items())}
-    lim = cfg.control.limits
-    report["safety"] = safety_report(rec.commands, lim.q_min_rad, lim.q_max_rad, lim.qd_max_rad_s, rec.period_ns)
+    report["safety"] = safety_section(rec, log, limits, report["node_stats"])
     report["limits"], report["policy_defaults"] = limits.section(), policy_defaults
     report["harness"]["replayer_priority"] = None if rt_warning else cfg.replayer_priority
     report["host"] = host | {"realtime": realtime}

@@ -175,7 +175,8 @@ def summarize(rec, log, cfg, deadline_ms: float, stride: int) -> tuple[dict, dic
         "spec": {"acceptance_rate": accepted / drafted if drafted else None,
                  "tokens_per_target_pass": tokens / passes if passes else None,
                  "target_passes_per_chunk": passes / len(slots) if len(slots) else None,
-                 "drafted": drafted, "accepted": accepted},
+                 "drafted": drafted, "accepted": accepted,
+                 "speculative_chunks": int(np.sum(ch.drafted[slots] > 0))},  # chunks that drafted at all
         "quality": _quality(rec, slots, log, ticks, row_of, stride),
         "boundaries": boundary_section(rec, lambda s: _measured_chunk(rec, row_of, s)),
         # Harness health: if these are large, misses may come from the replayer, not the system under test.

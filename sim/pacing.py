@@ -66,11 +66,13 @@ def delivery_report(rec) -> dict:
 def replayer_section(rec, log) -> dict:
     """The report's "replayer" entry: send timing (send_timing_report), the faults injected (None when off),
     and what the reader did with the log (format, records sorted back into order, velocities or positions
-    derived, gaps: schedule.gap_report; extra channels and the records dropped before their first sample)."""
+    derived, gaps: schedule.gap_report; records skipped or filled for bad joint cells; extra channels and the
+    records dropped before their first sample)."""
     return {**rec.pacing, "faults": rec.faults,
             "log_source": {"format": log.source, "reordered_records": log.reordered,
                            "qd_from_differences": log.qd_from_differences, "q_from_integration": log.q_from_integration,
                            "truncated_at": log.truncated_at_row, "gaps": gap_report(rec.tick, log.period_ns),
+                           "rows_skipped": log.rows_skipped, "rows_filled": log.rows_filled,  # reader's bad_rows
                            # a log with extra channels: their widths, the records before one's first sample
                            **({"extra_channels": {k: v.shape[1] for k, v in log.extra.items()},
                                "dropped_before_extra": log.dropped_before_extra} if log.extra else {})}}

@@ -12,13 +12,16 @@ Both show in report.json: "policy_defaults" (what was taken) and "limits" (value
 from __future__ import annotations
 
 import json
+import shlex
 from pathlib import Path
 
 from rich.console import Console
 
-from edgeinfer.control.limits import ResolvedLimits, resolve_limits
+from edgeinfer.control.limits import JointCountError, ResolvedLimits, resolve_limits
+from edgeinfer.engines.paths import TRAINED_DIR
 from edgeinfer.logs import detect_format
 from edgeinfer.logs.arm_log import ArmLog, LogError
+from edgeinfer.logs.options import ReaderOptions
 from edgeinfer.node.runtime import RuntimeConfig
 from edgeinfer.sim.config import ReplayConfig
 
@@ -101,13 +104,19 @@ def check_run_fits(log: ArmLog, policy: dict, cfg: ReplayConfig, deadline_ms: fl
     names, names_from = ((log.joint_names, f"the log {log.name}") if log.joint_names is not None
                          else (policy["joint_names"], f"the policy {policy['manifest']}"))
     policy_where = f"{policy['manifest']} config.n_joints" if policy["manifest"] else f"spec {cfg.runtime.byo_spec}"
-    limits = resolve_limits(cfg.control.limits, names, names_from, policy["limits"], policy["manifest"] or "the policy",
-                            counts={"the log": (log.n_joints, f"{log.name}, its joint positions"),
-                                    "the policy": (policy["n_joints"], policy_where)})
+    try:
+        limits = resolve_limits(cfg.control.limits, names, names_from, policy["limits"],
+                                policy["manifest"] or "the policy",
+                                counts={"the log": (log.n_joints, f"{log.name}, its joint positions"),
+                                        "the policy": (policy["n_joints"], policy_where)})
+    except JointCountError as e:
+        if log.n_joints == policy["n_joints"]:
+            raise  # the limits alone differ: the error says which option fixes them
+        raise JointCountError(f"{e} - the policy is for another robot: {train_hint(cfg)}") from None
     rate = policy["control_rate_hz"]
     if rate is not None and abs(log.rate_hz - rate) > 0.01 * rate:
         raise LogError(f"{log.name}: log rate {log.rate_hz:.1f} Hz, the policy was trained at {rate:.1f} Hz "
-                       f"(its chunk step is {policy['stride_ticks']} ticks)")
+                       f"(its chunk step is {policy['stride_ticks']} ticks) - {train_hint(cfg)}")
     if cfg.control.phase_ms >= deadline_ms:
         raise ValueError(f"ControlConfig.phase_ms={cfg.control.phase_ms} is not before the {deadline_ms} ms "
                          "deadline: every command would be late")
@@ -117,3 +126,19 @@ def check_run_fits(log: ArmLog, policy: dict, cfg: ReplayConfig, deadline_ms: fl
                              f"{' after --duration-s' if cfg.duration_s is not None else ''}): the fault would "
                              "never be injected")
     return limits
+
+
+def train_hint(cfg: ReplayConfig) -> str:
+    """What to do when the policy cannot run on the log (another joint count or rate): the exact commands that
+    train a policy on this log, with the reader options it is read with here, and replay it."""
+    out = TRAINED_DIR / f"{Path(cfg.log).resolve().name}_target.json" if cfg.log is not None else None
+    train = ["edgeinfer", "train", "--data", str(cfg.log) if cfg.log is not None else "LOG"]
+    if cfg.log_format is not None:
+        train += ["--log-format", cfg.log_format]
+    for name, value in cfg.reader_options().items():
+        if name in ReaderOptions.READER_OPTIONS:  # training reads joints only: not --episode or --extra
+            train += [f"--{name.replace('_', '-')}", str(value)]
+    replay = ["edgeinfer", "replay", "--policy", str(out or "OUT.json"), "--log", train[3]]
+    if out is not None:
+        train += ["--out", str(out)]
+    return f"train a policy for this robot: {shlex.join(train)}, then {shlex.join(replay)}"

@@ -49,9 +49,15 @@ from edgeinfer.sim.plots import write_plots
 from edgeinfer.sim.preflight import check_run_fits, log_defaults, policy_shape
 from edgeinfer.sim.received import Chunks, Commands
 from edgeinfer.sim.report import engine_choice_section, print_table, replay_progress, write_report
-from edgeinfer.sim.run_mcap import run_mcap_section
-from edgeinfer.sim.schedule import extra_of, observation, previous_rows, tick_grid
-from edgeinfer.sim.supervisor import Supervisor, gap_report, injected_section, safety_report, stall_report
+from edgeinfer.sim.run_mcap import run_mcap_section, wall_offset_ns
+from edgeinfer.sim.schedule import extra_of, observation, previous_rows, replay_ticks
+from edgeinfer.sim.supervisor import (
+    Supervisor,
+    gap_report,
+    injected_section,
+    safety_section,
+    stall_report,
+)
 
 # chunk slots beyond one per replan (Recording.start): a restarted runtime plans on a new phase
 CHUNK_SLOTS_SPARE = 64
@@ -87,6 +93,7 @@ class Recording:
     node_stats: dict = field(default_factory=dict)  # sender -> its newest wire.Stats
     pre_roll_ticks: int = 0  # ticks 0..pre_roll_ticks-1 streamed the arm at rest before row 0 (see the docstring)
     pre_roll_skipped: int = 0  # pre-roll observations not sent: stale after a stall, as rows are skipped
+    wall_offset_ns: int | None = None  # wall clock - this clock, taken once at the start (run.mcap's log times)
 
     @classmethod
     def start(cls, t0_ns: int, period_ns: int, ticks: np.ndarray, n_joints: int, chunk_steps: int,
@@ -99,7 +106,7 @@ class Recording:
         return cls(t0_ns, period_ns, n_ticks, ticks, t0_ns + ticks * period_ns, np.full(len(ticks), 0, dtype=np.int64),
                    Commands(n_ticks, n_joints),
                    Chunks(n_ticks, chunk_steps, n_joints, -(-n_ticks // replan_every_ticks) + CHUNK_SLOTS_SPARE),
-                   skipped=np.full(len(ticks), False), pre_roll_ticks=pre_roll_ticks)
+                   skipped=np.full(len(ticks), False), pre_roll_ticks=pre_roll_ticks, wall_offset_ns=wall_offset_ns())
 
     def add_command(self, t_recv_ns: int, cmd: JointCommand) -> None:
         """Keep the first command for each tick (received at t_recv_ns); count a second one (duplicate_commands)
@@ -162,7 +169,12 @@ def replay(cfg: ReplayConfig, console: Console | None = None) -> dict:
     if cfg.runtime.byo_spec is None and (reason := unavailable_reason(cfg.runtime.backend, cfg.runtime.device)):
         raise RuntimeError(f"backend {cfg.runtime.backend!r} on {cfg.runtime.device}: {reason}")
     stride = policy["stride_ticks"]
-    ticks = tick_grid(log)
+    # a gap of hours between two sessions of an export replays as max_gap_s, not in hours (reported)
+    ticks, shortened = replay_ticks(log, cfg.max_gap_s)
+    if shortened["count"]:
+        console.print(f"[yellow]log: {shortened['count']} gap(s) longer than --max-gap-s {cfg.max_gap_s:g} s replayed "
+                      f"as {cfg.max_gap_s:g} s ({shortened['ticks_removed'] * log.period_ns / 1e9:.1f} s of log time "
+                      f"cut; rows {shortened['rows']})[/yellow]")
     cfg.out.mkdir(parents=True, exist_ok=True)
     if cfg.pin_cpus:
         _assign_cpus(cfg)
@@ -222,6 +234,7 @@ def replay(cfg: ReplayConfig, console: Console | None = None) -> dict:
         signals.restore()
     report, per_tick = summarize(rec, log, cfg, deadline_ms, stride)
     report["process_exit_codes"] = exit_codes
+    report["replayer"]["log_source"]["gaps_shortened"] = shortened
     report["runtime_fault"] = gap_report(sup, per_tick["outcome"], rec.t_sched_ns, rec.period_ns, rec.commands)
     n_rows = len(per_tick["outcome"])
     report["runtime_stall"] = stall_report(sup, per_tick["outcome"], per_tick["rung"], rec.t_sched_ns[:n_rows],
@@ -229,8 +242,7 @@ def replay(cfg: ReplayConfig, console: Console | None = None) -> dict:
     report["injected"] = injected_section(cfg, report, sup)
     report["node_stats"] = {name: stats_summary(st) for name, st in sorted(rec.node_stats.items())}
     report["engine_choice"] = engine_choice_section(report, rec.node_stats.get("runtime"))  # backend auto
-    lim = cfg.control.limits
-    report["safety"] = safety_report(rec.commands, lim.q_min_rad, lim.q_max_rad, lim.qd_max_rad_s, rec.period_ns)
+    report["safety"] = safety_section(rec, log, limits, report["node_stats"])
     report["limits"], report["policy_defaults"] = limits.section(), policy_defaults
     if cfg.garbage_per_row:
         report["garbage_sent"] = sup.garbage_sent

@@ -66,7 +66,33 @@ def engine_choice_section(report: dict, runtime_stats) -> dict | None:
     choice = choice_from_counters(runtime_stats.counters) if runtime_stats is not None else None
     if choice is not None and isinstance(report.get("engine"), str):
         report["engine"] = report["engine"].replace("auto", f"{choice['chosen']} (auto)", 1)
+    describe_decode(report, choice)
     return choice
+
+
+def describe_decode(report: dict, choice: dict | None = None) -> None:
+    """Make report's "decode" say what ran, not only what was asked for, when speculative decoding was asked for
+    and most chunks drafted nothing (adaptive speculation turned itself off, or auto measured target-only as
+    faster): "speculative requested, ran target-only in 396 of 400 chunks (auto: ...; adaptive: ...)". Then
+    spec.acceptance_rate is measured on the few drafts of the others (the adaptive planner's probes): it is
+    kept, and spec.acceptance_from says so (the table shows it with its draft count, or not at all). choice:
+    engine_choice (None: not backend auto)."""
+    spec, chunks = report.get("spec") or {}, _get(report, "chunks", "received")
+    with_drafts = spec.get("speculative_chunks")
+    if report.get("decode") != "speculative" or not isinstance(with_drafts, int) or not chunks:
+        return
+    spec["acceptance_from"] = f"{spec.get('drafted')} drafts in {with_drafts} of {chunks} chunks"
+    in_chunks = f"{with_drafts} chunk{'' if with_drafts == 1 else 's'}"
+    if 2 * with_drafts >= chunks:
+        return  # speculative in most chunks: "speculative" says what ran
+    why = []
+    if choice is not None and (choice.get("candidates") or {}).get(choice.get("chosen"), {}).get("k") == 0:
+        why.append(f"auto: target-only was faster on {choice['chosen']} at start-up")
+    why.append("adaptive: speculation off" + (f"; drafts in {in_chunks}, its probes" if with_drafts else ""))
+    report["decode_requested"] = "speculative"
+    report["decode"] = (f"speculative requested, ran target-only in {chunks - with_drafts} of {chunks} chunks "
+                        f"({'; '.join(why)})")
+    spec["acceptance_from"] = f"probes only: {spec.get('drafted')} drafts in {in_chunks}"
 
 
 def write_report(report: dict, out_dir: str | Path) -> Path:
@@ -206,7 +232,8 @@ def _injected(report: dict) -> str:
 
 def _column_title(report: dict, i: int) -> str:
     # Reports of the same log usually differ by decode mode; a "label" key, if present, wins.
-    return str(report.get("label") or report.get("decode") or f"report {i + 1}")
+    ran = "speculative (ran target-only)" if report.get("decode_requested") else report.get("decode")
+    return str(report.get("label") or ran or f"report {i + 1}")
 
 
 def _mrad(x: Any) -> Any:
@@ -219,8 +246,9 @@ def print_table(reports: list[dict], console: Console | None = None) -> Table:
     Rows: log, decode, rate, deadline, counts, latency p50/p90/p99/p999 with 95 % CIs and max, misses, miss
     rate with its 95 % CI and scope (steady state, start-up included, whole run), time to first command, the
     pre-roll's misses, the SLO verdict and one row per objective, fallbacks per rung (union over reports),
-    acceptance rate, tokens per target pass, action RMSE, the host (CPU, governor, load, wake-up baseline,
-    real-time grants). Missing or None values print as "-".
+    acceptance rate, tokens per target pass, action RMSE, the safety section (commands outside the limits, commands
+    clamped, the joints the log takes outside the limits), the host (CPU, governor, load, wake-up baseline,
+    real-time grants). Missing or None values print as "-". Then each report's safety warnings, one line each.
     """
     console = console or Console()
     table = Table(title="edgeinfer replay")
@@ -256,9 +284,13 @@ def print_table(reports: list[dict], console: Console | None = None) -> Table:
                 rungs.append(rung)
     rows += [(f"fallback {rung}", lambda r, rung=rung: _num(_get(r, "fallbacks", rung))) for rung in rungs]
     rows += [
-        ("acceptance_rate", lambda r: _num(_get(r, "spec", "acceptance_rate"))),
+        ("acceptance_rate", _acceptance),
         ("tokens_per_target_pass", lambda r: _num(_get(r, "spec", "tokens_per_target_pass"), "{:.2f}")),
         ("action_rmse_rad", lambda r: _num(_get(r, "quality", "action_rmse_rad"), "{:.4f}")),
+        ("commands outside limits", lambda r: _num(_get(r, "safety", "outside_position_limits"))),
+        ("commands clamped position / velocity", lambda r: f"{_num(_get(r, 'safety', 'clamped_position'))} / "
+                                                           f"{_num(_get(r, 'safety', 'clamped_velocity'))}"),
+        ("joints the log takes outside the limits", _joints_outside),
         ("host", _host),
         ("host wake-up p50/p99/max us", _wakeup),
         ("real-time scheduling", _realtime),
@@ -266,4 +298,25 @@ def print_table(reports: list[dict], console: Console | None = None) -> Table:
     for label, cell in rows:
         table.add_row(label, *(cell(r) for r in reports))
     console.print(table)
+    for i, r in enumerate(reports):  # clamped commands and a log outside the limits: said, not only tabled
+        for warning in _get(r, "safety", "warnings") or []:
+            prefix = f"{_column_title(r, i)}: " if len(reports) > 1 else ""
+            console.print(f"[yellow]safety: {prefix}{warning}[/yellow]", highlight=False)
     return table
+
+
+def _joints_outside(report: dict) -> str:
+    """The joints whose recorded range leaves the position limits, by name ("none" when every one fits)."""
+    outside = _get(report, "safety", "joints_outside_limits")
+    if not isinstance(outside, list):
+        return _MISSING
+    return ", ".join(str(o.get("joint")) for o in outside if isinstance(o, dict)) or "none"
+
+
+def _acceptance(report: dict) -> str:
+    """The acceptance rate with what it is measured on ("0.812 (4096 drafts in 380 of 400 chunks)"); a rate from
+    the adaptive planner's probes alone is not a property of the run: "- (probes only: ...)"."""
+    rate, source = _get(report, "spec", "acceptance_rate"), _get(report, "spec", "acceptance_from")
+    if not isinstance(source, str):
+        return _num(rate)
+    return f"- ({source})" if source.startswith("probes only") else f"{_num(rate)} ({source})"

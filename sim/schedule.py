@@ -43,6 +43,25 @@ def gap_report(ticks: np.ndarray, period_ns: int, min_periods: int = GAP_PERIODS
             "rows": (at + 1)[:10].tolist(), "min_periods": min_periods}
 
 
+def shorten_gaps(ticks: np.ndarray, max_gap_ticks: int) -> tuple[np.ndarray, dict]:
+    """ticks (N,) int64 (tick_grid) with every step longer than max_gap_ticks (>= 1) cut to max_gap_ticks: the
+    samples after a long gap keep their order and spacing, max_gap_ticks after the one before it. Returns (the new
+    ticks, {"count": gaps cut, "ticks_removed": ticks taken out in all, "rows": the first 10 rows after a cut gap}),
+    so that a log with hours between two sessions replays in seconds."""
+    ticks = np.asarray(ticks, dtype=np.int64)
+    excess = np.maximum(np.diff(ticks) - max_gap_ticks, 0)
+    at = np.flatnonzero(excess)
+    out = ticks - np.r_[0, np.cumsum(excess)]
+    return out, {"count": int(at.size), "ticks_removed": int(excess.sum()), "rows": (at + 1)[:10].tolist()}
+
+
+def replay_ticks(log: ArmLog, max_gap_s: float) -> tuple[np.ndarray, dict]:
+    """The ticks a run sends the log's rows on: tick_grid, its gaps longer than max_gap_s shortened to it
+    (shorten_gaps; the dict adds "max_gap_s"). Raises LogError as tick_grid."""
+    ticks, shortened = shorten_gaps(tick_grid(log), max(1, round(max_gap_s * 1e9 / log.period_ns)))
+    return ticks, {**shortened, "max_gap_s": max_gap_s}
+
+
 def previous_rows(ticks: np.ndarray, stride: int) -> np.ndarray:
     """(N,) row index of the newest sample at or before tick k_i - stride (row 0 when there is none)."""
     return np.maximum(np.searchsorted(ticks, ticks - stride, side="right") - 1, 0)

@@ -267,3 +267,42 @@ def safety_report(commands: Commands, q_min_rad, q_max_rad, qd_max_rad_s, period
     too_fast = consecutive & (step > np.asarray(qd_max_rad_s) * period_ns / 1e9 + 1e-9).any(axis=1)
     return {"commands_checked": len(ticks), "nonfinite": int(np.sum(~finite)),
             "outside_position_limits": int(np.sum(outside.any(axis=1))), "over_velocity_limit": int(np.sum(too_fast))}
+
+
+def limits_fit_report(q_rad: np.ndarray, joint_names: list[str] | None, q_min_rad, q_max_rad, sources: dict,
+                      control_counters: dict | None) -> dict:
+    """What the limits in use did to this log, for the report's "safety": the joints whose recorded positions
+    q_rad (T, D) leave [q_min_rad, q_max_rad] (D,) (named, with both ranges), the commands the control loop's
+    limit gate clamped (its counters clamped_position / clamped_velocity; None when it sent no Stats), where the
+    position limits came from (control/limits.py sources), and a warning for each. A policy's fitted limits
+    (source "manifest ...") may not cover an episode it was not fitted on: then the commands are clamped while
+    no command lies outside the limits, and only these lines say so."""
+    lo, hi = np.asarray(q_min_rad, float), np.asarray(q_max_rad, float)
+    q = np.asarray(q_rad, float)
+    rec_lo, rec_hi = np.nanmin(q, axis=0), np.nanmax(q, axis=0)
+    names = joint_names or [f"joint {j}" for j in range(q.shape[1])]
+    outside = [{"joint": names[j], "recorded_rad": [float(rec_lo[j]), float(rec_hi[j])],
+                "limits_rad": [float(lo[j]), float(hi[j])]}
+               for j in np.flatnonzero((rec_lo < lo - 1e-9) | (rec_hi > hi + 1e-9))]
+    counters = control_counters or {}
+    clamped = {k: counters.get(k) for k in ("clamped_position", "clamped_velocity")}
+    source = " / ".join(sorted({sources.get("q_min_rad", "?"), sources.get("q_max_rad", "?")}))
+    warnings = []
+    if outside:
+        warnings.append(f"the log's recorded positions leave the position limits ({source}) on {len(outside)} of "
+                        f"{q.shape[1]} joints: {', '.join(o['joint'] for o in outside)}")
+    if any(clamped.values()):
+        warnings.append(f"the limit gate clamped {clamped['clamped_position'] or 0} commands to the position "
+                        f"limits ({source}) and {clamped['clamped_velocity'] or 0} to the velocity limit "
+                        f"({sources.get('qd_max_rad_s', '?')}): the action error includes them")
+    return {**clamped, "joints_outside_limits": outside, "position_limits_source": source, "warnings": warnings}
+
+
+def safety_section(rec, log, resolved, node_stats: dict) -> dict:
+    """report.json's "safety" of a replay or hil run: every command checked (safety_report) and what the limits in
+    use did to this log (limits_fit_report). rec: the run's Recording; resolved: control/limits.ResolvedLimits;
+    node_stats: the report's "node_stats"."""
+    lim = resolved.limits
+    return (safety_report(rec.commands, lim.q_min_rad, lim.q_max_rad, lim.qd_max_rad_s, rec.period_ns)
+            | limits_fit_report(log.q_rad, log.joint_names, lim.q_min_rad, lim.q_max_rad, resolved.sources,
+                                node_stats.get("control", {}).get("counters")))

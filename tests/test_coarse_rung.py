@@ -75,12 +75,15 @@ def test_a_dct_chunk_cut_mid_chunk_is_coarse_and_spans_the_whole_horizon(tmp_pat
     assert not np.allclose(cut.steps_rad[1:], obs.q_rad + constant_velocity_rad(inc, h))  # the row is used
 
 
-def test_a_step_chunk_cut_mid_chunk_is_partial_and_shorter():
+def test_a_step_chunk_cut_mid_chunk_is_partial_over_the_whole_horizon():
     rt = runtime(DEFAULT_POLICY, stop_at=STOP_AT)
-    d = rt.policy.cfg.n_joints
+    h, d = rt.policy.cfg.horizon, rt.policy.cfg.n_joints
     cut = rt.step(observation(rt), budget=False)
     assert cut.rung == "partial" and cut.tokens == STOP_AT
-    assert cut.steps_rad.shape == (2, d)  # the anchor and the one verified step
+    # the anchor, the one verified step, then (target-only: no drafter) its increment repeated to the horizon
+    assert cut.steps_rad.shape == (h + 1, d)
+    np.testing.assert_allclose(np.diff(cut.steps_rad[1:], axis=0), np.diff(cut.steps_rad[1:3], axis=0).repeat(h - 1, 0),
+                               atol=1e-12)
 
 
 def test_the_early_first_row_of_a_dct_chunk_is_coarse_and_the_rest_refines_it_in_place(tmp_path):

@@ -99,7 +99,8 @@ class _AnchorOnlyRuntime:
     the test alone decides what the buffer holds."""
 
     def __init__(self, cfg):
-        self.policy = SimpleNamespace(cfg=SimpleNamespace(n_joints=2), manifest={})  # a manifest without "limits"
+        # a manifest without "limits"
+        self.policy = SimpleNamespace(cfg=SimpleNamespace(n_joints=2, horizon=8), manifest={})
 
     def chunk_timing(self, period_ns):
         return 5, period_ns * 5

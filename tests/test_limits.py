@@ -159,7 +159,8 @@ def test_one_error_names_the_log_policy_and_limits_counts_and_where_each_comes_f
     with pytest.raises(JointCountError, match=(
             r"^joint counts differ: the log has 16 joints, the policy expects 6, the limits have 6 \(the log: arm, "
             r"its joint positions; the policy: .*schunk_target.json config.n_joints; the limits: "
-            r"q_min_rad/q_max_rad/qd_max_rad_s default \(Schunk LWA 4P, 6 joints\)\) - .* pass --urdf FILE")):
+            r"q_min_rad/q_max_rad/qd_max_rad_s default \(Schunk LWA 4P, 6 joints\)\) - the policy is for another "
+            r"robot: train a policy for this robot: edgeinfer train")):  # not --urdf: no limit fixes that
         check_run_fits(_log(16), policy, cfg, 4.0)
     reachy = ReplayConfig()
     reachy.control.limits = SafetyLimits(urdf=REACHY2)

@@ -35,7 +35,9 @@ def test_cli_replays_an_mcap_log_with_faults(schunk_dir, tmp_path):
     r = report["replayer"]
     assert r["log_source"] == {"format": "mcap", "reordered_records": 0, "qd_from_differences": False,
                                "q_from_integration": False, "truncated_at": None,
-                               "gaps": {"count": 0, "empty_ticks": 0, "longest_s": 0.0, "rows": [], "min_periods": 3}}
+                               "gaps": {"count": 0, "empty_ticks": 0, "longest_s": 0.0, "rows": [], "min_periods": 3},
+                               "rows_skipped": 0, "rows_filled": 0,
+                               "gaps_shortened": {"count": 0, "ticks_removed": 0, "rows": [], "max_gap_s": 2.0}}
     assert r["send_error_us"]["n"] == r["rows_sent"] and r["rows_sent"] + r["rows_skipped"] == n
     f = r["faults"]
     assert f["seed"] == 3 and f["config"]["delay_ms"] == "exp:1"

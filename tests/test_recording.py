@@ -94,7 +94,8 @@ def test_every_figure_from_a_fixed_message_sequence():
     assert chunks["time_to_chunk_ms"]["max"] == pytest.approx(5.0) and chunks["time_to_chunk_ms"]["p50"] == 3.5
     assert chunks["time_to_first_action_ms"]["max"] == pytest.approx(3.0)  # observation 0's early first step
     assert report["spec"] == {"acceptance_rate": 6 / 8, "tokens_per_target_pass": 12 / 5,
-                              "target_passes_per_chunk": 2.5, "drafted": 8, "accepted": 6}
+                              "target_passes_per_chunk": 2.5, "drafted": 8, "accepted": 6,
+                              "speculative_chunks": 2}  # both chunks drafted
     st = per_tick["stages_ms"]
     assert st["publish"][0] == pytest.approx(1.0) and st["publish"][5] == pytest.approx(1.0)
     assert st["receive+plan+decode"][0] == pytest.approx(3.99) and np.isnan(st["publish"][1])

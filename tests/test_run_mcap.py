@@ -5,11 +5,13 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from edgeinfer.sim import run_mcap
 from edgeinfer.sim.config import ReplayConfig
 from edgeinfer.sim.metrics import summarize
 from edgeinfer.sim.run_mcap import FILE, SCHEMAS, run_mcap_section, write_run_mcap
@@ -73,16 +75,20 @@ def test_every_tick_command_chunk_and_observation_is_in_the_file(tmp_path):
     n = report["observations_sent"]
     assert n == len(log) == 500 and 0 < n - report["commands_received"] < n  # some lost, most not
     msgs, channels, metadata = read_back(tmp_path / FILE)
-    assert set(channels) == set(SCHEMAS) == {"/observation", "/action_chunk", "/command", "/tick"}
+    assert set(channels) == set(SCHEMAS) == {"/observation", "/action_chunk", "/command", "/tick", "/joint_states",
+                                             "/joint_commands"}
     counts = {t: len(m) for t, m in msgs.items()}
     assert counts == result["messages"] == {"/observation": n, "/tick": n, "/command": report["commands_received"],
-                                            "/action_chunk": report["chunks"]["received"]}
+                                            "/action_chunk": report["chunks"]["received"], "/joint_states": n,
+                                            "/joint_commands": report["commands_received"]}
+    offset = json.loads({m.name: m.metadata for m in metadata}["edgeinfer.joint_states"]["wall_offset_ns"])
     assert result["bytes"] == (tmp_path / FILE).stat().st_size and not (tmp_path / "run.mcap.tmp").exists()
 
     # every tick once, in order, at its scheduled time; its latency, outcome and rung as the report counted them
     ticks = msgs["/tick"]
     assert [m["tick"] for _, _, m in ticks] == per_tick["tick"].tolist() == list(range(n))
-    assert [t for t, _, _ in ticks] == rec.t_sched_ns.tolist()
+    assert [t for t, _, _ in ticks] == (rec.t_sched_ns + offset).tolist()  # on the wall clock
+    assert [m["t_sched_ns"] for _, _, m in ticks] == rec.t_sched_ns.tolist()  # the monotonic stamp kept
     lat = np.array([m.get("latency_ms", np.nan) for _, _, m in ticks])  # a lost tick's is left out
     np.testing.assert_array_equal(lat, per_tick["latency_ms"])
     assert [m["outcome"] for _, _, m in ticks] == per_tick["outcome"].tolist()
@@ -95,7 +101,8 @@ def test_every_tick_command_chunk_and_observation_is_in_the_file(tmp_path):
     got = np.flatnonzero(per_tick["outcome"] != "lost")
     assert [m["tick"] for _, _, m in cmds] == got.tolist()
     np.testing.assert_array_equal([m["q_rad"] for _, _, m in cmds], rec.commands.q_rad[got])
-    assert [p for _, p, _ in cmds] == rec.commands.t_recv_ns[got].tolist()
+    assert [p for _, p, _ in cmds] == (rec.commands.t_recv_ns[got] + offset).tolist()
+    assert [m["t_recv_ns"] for _, _, m in cmds] == rec.commands.t_recv_ns[got].tolist()
     assert [m["rung"] for _, _, m in cmds].count("hold") == report["fallbacks"]["hold"] > 50
 
     obs = msgs["/observation"]
@@ -161,3 +168,55 @@ def test_cli_replay_writes_a_run_mcap_with_every_tick(tmp_path):
     assert len(msgs["/observation"]) == report["replayer"]["rows_sent"]
     assert len(msgs["/action_chunk"]) == report["chunks"]["received"] > 0
     assert json.loads({m.name: m.metadata for m in metadata}["edgeinfer.headline"]["observations_sent"]) == n
+    # Recording.start took the wall offset: every log time is today's date, not seconds since boot
+    assert all(abs(t - time.time_ns()) < 86_400 * 10**9 for m in msgs.values() for t, _, _ in m)
+    assert len(msgs["/joint_states"]) == len(msgs["/observation"]) and msgs["/joint_states"][0][2]["name"]
+
+
+def test_joint_states_carry_the_logs_joint_names_at_wall_clock_times(tmp_path):
+    """Foxglove's 3D panel poses a URDF from sensor_msgs/msg/JointState by joint name, and its timeline shows
+    log times as dates: /joint_states names the log's joints, in the log's order, with its q and qd, and every
+    log time is within a day of now (not seconds since boot, which Foxglove shows as 1970)."""
+    rec, log = recording(seconds=1.0)
+    log.joint_names = ["wrist", "elbow", "shoulder", "j4", "j5", "j6"]  # as a reader fills them, any order
+    rec.wall_offset_ns = time.time_ns() - time.perf_counter_ns()  # as Recording.start takes it
+    cfg = ReplayConfig(out=tmp_path)
+    report, per_tick = summarize(rec, log, cfg, PERIOD_NS / 1e6, STRIDE)
+    write_run_mcap(rec, log, report, per_tick, cfg, tmp_path / FILE)
+    msgs, channels, metadata = read_back(tmp_path / FILE)
+    assert channels["/joint_states"][0].name == "sensor_msgs/msg/JointState"
+    states = msgs["/joint_states"]
+    assert len(states) == len(log) and all(m["name"] == log.joint_names for _, _, m in states)
+    np.testing.assert_array_equal([m["position"] for _, _, m in states], log.q_rad)
+    np.testing.assert_array_equal([m["velocity"] for _, _, m in states], log.qd_rad_s)
+    now = time.time_ns()
+    day = 86_400 * 10**9
+    every = [t for m in msgs.values() for t, _, _ in m] + [p for m in msgs.values() for _, p, _ in m]
+    assert all(abs(t - now) < day for t in every)
+    # each stamp is the row's monotonic schedule moved by the one offset: intervals stay exact
+    stamps = [m["header"]["stamp"]["sec"] * 10**9 + m["header"]["stamp"]["nsec"] for _, _, m in states]
+    assert stamps == [t for t, _, _ in states] == (rec.t_sched_ns + rec.wall_offset_ns).tolist()
+    assert [m["t_ns"] for _, _, m in states] == rec.t_sched_ns.tolist()
+    assert all(0 <= m["header"]["stamp"]["nsec"] < 10**9 for _, _, m in states)
+    commanded = msgs["/joint_commands"]
+    assert commanded and all(m["name"] == log.joint_names for _, _, m in commanded)
+    np.testing.assert_array_equal([m["position"] for _, _, m in commanded],
+                                  rec.commands.q_rad[[m["tick"] for _, _, m in commanded]])
+    meta = {m.name: m.metadata for m in metadata}["edgeinfer.joint_states"]
+    assert json.loads(meta["names"]) == log.joint_names and json.loads(meta["names_from"]).startswith("the log")
+    assert json.loads(meta["wall_offset_ns"]) == rec.wall_offset_ns
+
+
+def test_joint_names_fall_back_to_the_urdf_of_the_limits_then_to_placeholders(tmp_path):
+    rec, log = recording(seconds=0.5)
+    cfg = ReplayConfig(out=tmp_path)
+    report, per_tick = summarize(rec, log, cfg, PERIOD_NS / 1e6, STRIDE)
+    urdf = [f"arm_{i}" for i in range(1, 7)]
+    with_urdf = report | {"limits": {"urdf_joints": urdf}}
+    assert run_mcap.joint_names(log, with_urdf) == (urdf, "the URDF of the run's limits")
+    names, why = run_mcap.joint_names(log, report)
+    assert names == [f"joint_{i}" for i in range(1, 7)] and why.startswith("placeholders")
+    write_run_mcap(rec, log, report, per_tick, cfg, tmp_path / FILE)
+    msgs, _, _ = read_back(tmp_path / FILE)
+    assert msgs["/joint_states"][0][2]["name"] == names
+    assert abs(msgs["/tick"][0][0] - time.time_ns()) < 86_400 * 10**9  # offset measured at write time

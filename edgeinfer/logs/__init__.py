@@ -26,7 +26,8 @@ FORMATS: tuple[str, ...] = ("schunk", "csv", "mcap", "rosbag2", "rosbag1", "lero
 # format -> (module, function, options it accepts besides path and on_error)
 _READERS = {
     "csv": ("edgeinfer.logs.csv_log", "read_csv_log",
-            {"columns", "csv_separator", "csv_decimal", "csv_encoding", "rate_hz", "derive", "extra"}),
+            {"columns", "csv_separator", "csv_decimal", "csv_encoding", "rate_hz", "derive", "extra",
+             "bad_rows", "gap_periods"}),
     "mcap": ("edgeinfer.logs.mcap_log", "read_mcap_log", {"topic", "q_field", "qd_field", "time_source", "extra"}),
     "rosbag2": ("edgeinfer.logs.rosbag_log", "read_rosbag_log",
                 {"topic", "q_field", "qd_field", "time_source", "extra"}),
@@ -69,9 +70,9 @@ def read_log(path: str | Path, fmt: str | None = None, on_error: Literal["raise"
 
     fmt: one of FORMATS, or None to detect it from the path. options: passed to that format's reader
     (topic, q_field, qd_field, time_source for bags and MCAP; columns, csv_separator, csv_decimal, csv_encoding,
-    rate_hz, derive for CSV; episode, q_field, qd_field for LeRobot; extra for all of these: "NAME=SOURCE,..." other
-    channels into ArmLog.extra, SOURCE "TOPIC:FIELD|FIELD" for MCAP and bags, a feature for LeRobot, a column
-    pattern for CSV, docs/log-formats.md); None values are ignored. Raises LogError naming
+    rate_hz, derive, bad_rows, gap_periods for CSV; episode, q_field, qd_field for LeRobot; extra for all of
+    these: "NAME=SOURCE,..." other channels into ArmLog.extra, SOURCE "TOPIC:FIELD|FIELD" for MCAP and bags, a
+    feature for LeRobot, a column pattern for CSV, docs/log-formats.md); None values are ignored. Raises LogError naming
     the file and record for unreadable input (on_error="truncate" keeps the records before it), ValueError for
     an unknown format, an option the format does not take, or a bad on_error. RuntimeError names the extra when
     an optional library is missing.

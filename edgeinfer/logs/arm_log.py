@@ -56,6 +56,10 @@ class ArmLog:
     extra: other numeric channels read with the joints, each (T, width) float64 row-aligned with t_s
         (an IMU's angular velocity, a velocity command, ...); keys are the names observation specs use.
     dropped_before_extra: records dropped for coming before an extra channel's first sample (logs/samples.py).
+    rows_skipped, rows_filled: CSV records dropped, or held from the last good value, for empty or unparseable
+        joint cells (reader option bad_rows).
+    gaps_s: [(t_s of the record after the gap, length s)] of every step longer than the reader's gap_periods
+        (logs/samples.py); a derived q or qd restarts at each.
     Raises ValueError if shapes disagree.
     """
 
@@ -71,6 +75,9 @@ class ArmLog:
     joint_names: list[str] | None = None
     extra: dict[str, np.ndarray] = field(default_factory=dict)
     dropped_before_extra: int = 0  # records earlier than an extra channel's first sample (none to hold), dropped
+    rows_skipped: int = 0
+    rows_filled: int = 0
+    gaps_s: list[tuple[float, float]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if self.t_s.ndim != 1 or self.q_rad.ndim != 2 or self.q_rad.shape != self.qd_rad_s.shape:

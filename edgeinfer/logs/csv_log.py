@@ -9,8 +9,10 @@ Column map (a string, so it fits a command-line option or a launch file), comma-
     q=PATTERN       joint position columns, an fnmatch pattern or names joined by '|', in header order
                     (default q[0-9]*)
     qd=PATTERN      joint velocity columns (default qd[0-9]*)
-Example: "t=stamp_ns,t_unit=ns,q=pos_*,qd=vel_*". Header names are matched without surrounding spaces; a column
-matched by two fields (q= and qd=, or the time column) is refused, naming both.
+Example: "t=stamp_ns,t_unit=ns,q=pos_*,qd=vel_*" (ArmLog.joint_names: what the position pattern's wildcards
+matched, pos_shoulder -> shoulder; none for numbering like q0..q5: fields.header_joint_names). Header names are
+matched without surrounding spaces; a column matched by two fields (q= and qd=, or the time column) is refused,
+naming both.
 
 Reader options besides the map:
     csv_separator   one character, or "tab" (default: the most frequent of , ; tab | in the header line)
@@ -24,6 +26,12 @@ Reader options besides the map:
     derive          "qd": velocities as finite differences of the positions, for a log that has none;
                     "q": positions as the integral of the velocities from 0 rad, for a log that has none.
                     Without it, a log lacking either is refused, naming the field and this option.
+    gap_periods     a step longer than this many median sample periods is a gap (default 5): derive restarts at
+                    each (q from the last value, qd from 0) and warns naming it (samples.find_gaps)
+    bad_rows        records with an empty or unparseable joint cell (a UR export's "" cells): "error" (default)
+                    refuses the first, naming its line and column; "skip" drops them; "fill" holds each column's
+                    last good value over runs of at most csv_values.FILL_MAX_ROWS records, drops longer runs.
+                    Either warns with the counts and the first lines (ArmLog.rows_skipped, rows_filled)
     extra           other channels into ArmLog.extra, "NAME=PATTERN,..." (patterns as q=), e.g. "imu.gyro=gyro_*"
 Times become integer ns relative to the first record (ISO-8601 times with a zone offset are converted to UTC, so
 a daylight-saving change inside the log is no jump), then seconds from the earliest record. Values a joint log
@@ -35,8 +43,10 @@ lines) and the column.
 from __future__ import annotations
 
 import codecs
+import dataclasses
 import fnmatch
 import itertools
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -44,6 +54,7 @@ import numpy as np
 
 from edgeinfer.logs import csv_values as cv
 from edgeinfer.logs.arm_log import ArmLog, LogError
+from edgeinfer.logs.fields import header_joint_names
 from edgeinfer.logs.samples import OnError, arm_log_from_records, check_on_error
 
 _TIME_NAMES = ("t_s", "time", "timestamp", "t")
@@ -132,14 +143,16 @@ def read_text(path: str | Path, cmap: dict, csv_separator: str | None = None, cs
 
 def read_csv_log(path: str | Path, columns: str | None = None, on_error: OnError = "raise",
                  csv_separator: str | None = None, csv_decimal: str | None = None, rate_hz: float | None = None,
-                 derive: str | None = None, extra: str | None = None, csv_encoding: str | None = None) -> ArmLog:
+                 derive: str | None = None, extra: str | None = None, csv_encoding: str | None = None,
+                 bad_rows: str | None = None, gap_periods: float | None = None) -> ArmLog:
     """Read a headered CSV through the column map and options (module docstring) into an ArmLog sorted by time:
     t_s (T,) float64 s from 0; q_rad, qd_rad_s (T, D) float64.
 
     Raises LogError "<file> line <n> column '<name>': ..." as read_text, and for a row with the wrong number of
     fields, a value that is not a number (or not an ISO-8601 time like the first record's), a non-finite or
     implausible value (a time beyond ±4e18 ns, a joint value beyond plausible.JOINT_LIMIT), or two records with
-    the same time. With on_error="truncate" the records before the first bad line are kept and
+    the same time (bad_rows "skip" or "fill" drops or fills a record with an empty or unparseable joint cell
+    instead, warning). With on_error="truncate" the records before the first bad line are kept and
     `truncated_at_row` is that line (a file pyarrow cannot parse at all still raises). Raises LogError whatever
     on_error says for t_unit with ISO-8601 times and for times whose median step is no joint log's rate
     (csv_values.RATE_HZ; the error suggests a t_unit). ValueError for a malformed column map or option.
@@ -147,7 +160,12 @@ def read_csv_log(path: str | Path, columns: str | None = None, on_error: OnError
     check_on_error(on_error)
     path = Path(path)
     cmap = parse_columns(columns)
+    if bad_rows not in (None, "error", "skip", "fill"):
+        raise ValueError(f"bad_rows must be 'error', 'skip' or 'fill', got {bad_rows!r}")
     text = read_text(path, cmap, csv_separator, csv_decimal, csv_encoding, rate_hz, derive, extra)
+    skipped = filled = np.zeros(0, dtype=np.int64)
+    if bad_rows in ("skip", "fill"):
+        text, skipped, filled = _repair(path, text, bad_rows)
     lines = text.lines
     columns = [(kind, i) for kind, cols in text.fields.items() for i in cols]  # kind: "t", "q", "qd"; "x": extra
     columns += [("x", i) for cols in text.extra.values() for i in cols]
@@ -160,6 +178,8 @@ def read_csv_log(path: str | Path, columns: str | None = None, on_error: OnError
             v, n_ok, reason = cv.finite_values(col, text.decimal)
         else:
             v, n_ok, reason = cv.joint_values(col, text.decimal, kind)
+            if reason and bad_rows in (None, "error") and cv.unusable(col[n_ok:n_ok + 1], text.decimal)[0]:
+                reason += "; set bad_rows (--bad-rows skip or fill) to drop or fill such records"
         values[i] = v
         if reason:
             problems.append((n_ok, f"line {lines[n_ok]} column {text.names[i]!r}: {reason}"))
@@ -182,7 +202,32 @@ def read_csv_log(path: str | Path, columns: str | None = None, on_error: OnError
             raise LogError(f"{path} column {text.names[t_col]!r}: {why}")
     q, qd = (np.stack([values[i][:n] for i in text.fields[f]], axis=1) if text.fields[f] else None for f in ("q", "qd"))
     x = {name: np.stack([values[i][:n] for i in cols], axis=1) for name, cols in text.extra.items()}
-    return arm_log_from_records(path.stem, "csv", str(path), "line", t_ns, q, qd, lines[:n], bad_line, extra=x)
+    named = "q" if text.fields["q"] else "qd"  # the joints' columns: positions, or velocities with derive="q"
+    names = header_joint_names([text.names[i] for i in text.fields[named]], cmap[named])
+    log = arm_log_from_records(path.stem, "csv", str(path), "line", t_ns, q, qd, lines[:n], bad_line, extra=x,
+                               gap_periods=gap_periods, joint_names=names)
+    log.rows_skipped, log.rows_filled = int(skipped.size), int(filled.size)
+    return log
+
+
+def _repair(path: Path, text: CsvText, mode: str) -> tuple[CsvText, np.ndarray, np.ndarray]:
+    """(text without the records bad_rows `mode` drops, the bad ones it fills filled; the lines skipped; the
+    lines filled), as csv_values.repair_rows decides; warns (RuntimeWarning) with the counts and first lines."""
+    import pyarrow as pa
+
+    joints = {i: text.text[i] for f in ("q", "qd") for i in text.fields[f]}
+    columns, keep, filled = cv.repair_rows(joints, text.decimal, mode)
+    skipped_lines, filled_lines = text.lines[~keep], text.lines[filled]
+    for what, lines in (("skipped", skipped_lines), ("filled from the last good record", filled_lines)):
+        if lines.size:
+            first = ", ".join(map(str, lines[:5])) + (", ..." if lines.size > 5 else "")
+            warnings.warn(f"{path}: bad_rows={mode!r}: {lines.size} record(s) with empty or unparseable joint cells "
+                          f"{what} (lines {first})", RuntimeWarning, stacklevel=3)
+    if keep.all() and not filled.any():
+        return text, skipped_lines, filled_lines
+    mask = pa.array(keep)
+    cols = {i: (columns.get(i, col)).filter(mask) for i, col in text.text.items()}
+    return dataclasses.replace(text, text=cols, lines=text.lines[keep]), skipped_lines, filled_lines
 
 
 def _times_ns(path: Path, text: CsvText, i: int, unit: str | None) -> tuple[np.ndarray, int, str | None]:

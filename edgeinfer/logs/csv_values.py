@@ -184,3 +184,40 @@ def implausible_rate(t_ns: np.ndarray, unit: str) -> str | None:
         hint = f"; is it in {best}? set t_unit={best} in the column map (--columns)"
     return (f"median step {step:g} {unit} between records, a rate of {rate[unit]:.3g} Hz, outside the "
             f"{RATE_HZ[0]:g} Hz..{RATE_HZ[1] / 1e3:g} kHz of a joint log{hint}")
+
+
+# bad_rows="fill" holds the last good value over at most this many consecutive bad records: a sensor's brief
+# dropout; a longer run is no measurement to invent, and is skipped.
+FILL_MAX_ROWS = 3
+
+
+def unusable(text, decimal: str) -> np.ndarray:
+    """(N,) bool: the fields of `text` (a pyarrow string array, fields trimmed) that are no finite number in
+    decimal mark `decimal`: empty, null, other text, "nan" or "inf"."""
+    import pyarrow.compute as pc
+
+    number = DECIMAL_COMMA if decimal == "," else DECIMAL_POINT
+    pattern = rf"^(?:{number}|[-+]?\d+(?:[eE][-+]?\d+)?)$"  # with the integers, which have no decimal mark
+    return ~pc.match_substring_regex(text, pattern).fill_null(False).to_numpy(zero_copy_only=False)
+
+
+def repair_rows(columns: dict, decimal: str, mode: str) -> tuple[dict, np.ndarray, np.ndarray]:
+    """Apply bad_rows `mode` ("skip" or "fill") to the joint columns {index: pyarrow string array (N,)}: a row is
+    bad when a field of any of them is unusable(). Returns (the columns, bad fields of filled rows replaced by
+    the column's last good field; (N,) bool the rows to keep; (N,) bool the rows filled). "skip" keeps the
+    good rows; "fill" also keeps runs of at most FILL_MAX_ROWS bad rows that follow a good one."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    cells = {i: unusable(col, decimal) for i, col in columns.items()}
+    n = len(next(iter(columns.values()))) if columns else 0
+    bad = np.logical_or.reduce(list(cells.values())) if cells else np.zeros(n, dtype=bool)
+    filled = np.zeros(n, dtype=bool)
+    if mode == "fill" and bad.any():
+        edges = np.diff(np.r_[0, bad.astype(np.int8), 0])
+        for start, end in zip(np.flatnonzero(edges == 1), np.flatnonzero(edges == -1)):
+            if start > 0 and end - start <= FILL_MAX_ROWS:  # a first row has no good value to hold
+                filled[start:end] = True
+        columns = {i: pc.fill_null_forward(pc.if_else(pa.array(cells[i]), pa.scalar(None, pa.string()), col))
+                   for i, col in columns.items()}
+    return columns, ~bad | filled, filled

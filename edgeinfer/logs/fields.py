@@ -49,13 +49,27 @@ def joint_values(msg: Any, q_field: str, qd_field: str) -> tuple[Any, Any]:
 
 def add_joint_state(rec, index: int, msg: Any, log_time_ns: int, q_field: str, qd_field: str,
                     time_source: TimeSource) -> bool:
-    """Add one JointState-like message to `rec` (a samples.Records) as record `index`. False when reading must
-    stop: the message has no `q_field` (recorded as the bad record), or `rec` refused the record."""
+    """Add one JointState-like message to `rec` (a samples.Records) as record `index`, with its `name` field as
+    the record's joint names (absent or empty: none). False when reading must stop: the message has no
+    `q_field` (recorded as the bad record), or `rec` refused the record (joint names unlike the first's too)."""
     q, qd = joint_values(msg, q_field, qd_field)
     if q is None:
         rec.fail(index, f"no field {q_field!r}")
         return False
-    return rec.add(record_time_ns(msg, log_time_ns, time_source), q, qd)
+    return rec.add(record_time_ns(msg, log_time_ns, time_source), q, qd, names=get_field(msg, "name"))
+
+
+def joint_names_problem(names: list[str], n_joints: int) -> str | None:
+    """Why `names` cannot name `n_joints` joints (another count, a name that is not a non-empty string, a name
+    given twice), else None. A URDF's limits are matched by these names (control/urdf_limits.py): a list that
+    is off by one joint would put every limit on the wrong joint."""
+    if len(names) != n_joints:
+        return f"{len(names)} joint names for {n_joints} joints"
+    if bad := [n for n in names if not isinstance(n, str) or not n.strip()]:
+        return f"joint names {bad} are not names"
+    if twice := sorted({n for n in names if names.count(n) > 1}):
+        return f"joint name(s) {twice} given twice"
+    return None
 
 
 # --- extra channels: other numeric fields read with the joints (docs/log-formats.md, "Extra channels") --------
@@ -162,3 +176,29 @@ def add_samples(rec, channels: dict, topic: str, msg: Any, log_time_ns: int, tim
         if not rec.add_sample(name, t_ns, values, index, where):
             return False
     return True
+
+
+_WILDCARDS = "*?["
+
+
+def header_joint_names(headers: list[str], pattern: str) -> list[str] | None:
+    """The joint names a CSV's position headers carry: each header with the literal text around the wildcards
+    of the column-map alternative it matched removed ("pos_*" on pos_shoulder, pos_elbow -> shoulder, elbow;
+    "*_q" on hip_q -> hip; an alternative without a wildcard: the header itself). None when they name no joint:
+    a name left empty or only digits (q0..q5 under q[0-9]*, joint_1..: numbering, not names), or two equal.
+    headers: (D,) the matched columns' names, in column order; pattern: the q= (or qd=) map entry."""
+    import fnmatch
+
+    names = []
+    for header in headers:
+        alt = next(a for a in pattern.split("|") if fnmatch.fnmatchcase(header, a))
+        starts = [alt.find(c) for c in _WILDCARDS if c in alt]
+        if not starts:
+            names.append(header)
+            continue
+        head = min(starts)
+        tail = len(alt) - max(alt.rfind("*"), alt.rfind("?"), alt.rfind("]")) - 1  # literal text after the last
+        names.append(header[head:len(header) - tail])
+    if any(not n.strip("_-. ") or n.strip("_-. ").isdigit() for n in names) or joint_names_problem(names, len(headers)):
+        return None
+    return names

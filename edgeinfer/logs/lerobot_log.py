@@ -10,6 +10,8 @@ Columns: `timestamp` (float32 s from episode start), the state column (default o
 fixed-size list per frame) and optionally a velocity column (default observation.velocity; when absent, qd
 is a finite difference of q). LeRobot stores features as float32, so values round-trip at float32 precision.
 Extra channels (the `extra` option, "NAME=FEATURE,..."): any other numeric feature by name, row by row.
+Joint names: the state feature's `names` in info.json (a list, or v2.0's {"motors": [...]}: one list under one
+key), into ArmLog.joint_names; a URDF's limits are then matched by them (control/urdf_limits.py).
 """
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from edgeinfer.logs.arm_log import ArmLog, LogError
-from edgeinfer.logs.fields import parse_extra
+from edgeinfer.logs.fields import joint_names_problem, parse_extra
 from edgeinfer.logs.samples import OnError, Records
 
 
@@ -34,6 +36,24 @@ def _info(root: Path) -> dict:
         if key not in info:
             raise LogError(f"{info_path}: no {key!r}")
     return info
+
+
+def feature_names(root: Path, info: dict, feature: str) -> list[str] | None:
+    """The per-dimension names of `feature` in info.json (features.<feature>.names: a list of strings, or one
+    such list under one key, as LeRobot v2.0's {"motors": [...]}), None when it has none. Raises LogError naming
+    the field when they cannot name the feature's dimensions (count against its shape, a non-string, a name
+    given twice: fields.joint_names_problem)."""
+    names = info["features"][feature].get("names")
+    if isinstance(names, dict) and len(names) == 1:
+        names = next(iter(names.values()))
+    if names is None:
+        return None
+    shape = info["features"][feature].get("shape")
+    width = int(np.prod(shape)) if isinstance(shape, list) and shape else len(names) if isinstance(names, list) else 0
+    why = joint_names_problem(names, width) if isinstance(names, list) else f"{type(names).__name__}, not a list"
+    if why is not None:
+        raise LogError(f"{root / 'meta' / 'info.json'}: features.{feature}.names: {why}")
+    return list(names)
 
 
 def _episode_files(root: Path, info: dict, episode: int) -> list[Path]:
@@ -82,12 +102,13 @@ def read_lerobot_log(path: str | Path, episode: int = 0, q_field: str = "observa
     """Read episode `episode` of the LeRobot dataset at `path` into an ArmLog (sorted by timestamp).
 
     extra: "NAME=FEATURE,..." features read into ArmLog.extra (NAME: (T, the feature's width)), row by row.
+    ArmLog.joint_names: the state feature's names (feature_names), None when info.json gives none.
 
     Raises LogError naming the file and the 0-based frame index (frame_index column when present) for an
     unreadable parquet file (missing, truncated: then no frame of that file is usable), a missing column, a
     state of the wrong width or a non-finite value (on_error="truncate" keeps the frames before it), or an
-    episode with no frames. LogError names an extra feature the dataset lacks (listing its features); ValueError
-    for a malformed `extra`.
+    episode with no frames; for features.<q_field>.names that cannot name its dimensions. LogError names an
+    extra feature the dataset lacks (listing its features); ValueError for a malformed `extra`.
     """
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -104,7 +125,7 @@ def read_lerobot_log(path: str | Path, episode: int = 0, q_field: str = "observa
             raise LogError(f"{root / 'meta' / 'info.json'}: extra channel {name!r}: feature {feature!r} is "
                            f"{features[feature].get('dtype')!r}, not numeric")
     has_qd = qd_field in features
-    rec = Records(f"{root} episode {episode}", on_error, unit="frame")
+    rec = Records(f"{root} episode {episode}", on_error, unit="frame", joint_names=feature_names(root, info, q_field))
     for file in _episode_files(root, info, episode):
         columns = list(dict.fromkeys(["timestamp", "episode_index", q_field] + ([qd_field] if has_qd else [])
                                      + list(channels.values())))

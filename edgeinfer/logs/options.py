@@ -28,13 +28,22 @@ class ReaderOptions:
     # reader option: fill the field a CSV log lacks: "qd" = finite differences of the positions, "q" = integral
     # of the velocities from 0 rad (None: such a log is refused, naming the field)
     derive: Literal["q", "qd"] | None = None
+    # reader option: CSV records whose joint cells are empty or not numbers: "error" stops at the first (None:
+    # this), "skip" drops them, "fill" holds each column's last good value over runs of at most 3 such records and
+    # drops longer runs; skipped and filled records are counted in a warning naming their first lines
+    bad_rows: Literal["error", "skip", "fill"] | None = None
+    # reader option: a step between records longer than this many median sample periods is a gap, where derive
+    # restarts (q: from the last value, qd: from 0) instead of integrating or differencing across it (None: 5)
+    gap_periods: float | None = None
 
     READER_OPTIONS = ("topic", "q_field", "qd_field", "time_source", "columns", "csv_separator", "csv_decimal",
-                      "csv_encoding", "rate_hz", "derive")
+                      "csv_encoding", "rate_hz", "derive", "bad_rows", "gap_periods")
 
     def __post_init__(self):
         if self.rate_hz is not None and not self.rate_hz > 0:
             raise ValueError(f"{type(self).__name__}.rate_hz must be > 0, got {self.rate_hz}")
+        if self.gap_periods is not None and not self.gap_periods > 1:  # a step of 1 period is no gap
+            raise ValueError(f"{type(self).__name__}.gap_periods must be > 1, got {self.gap_periods}")
 
     def reader_options(self) -> dict:
         """The reader options set here, {name: value} (edgeinfer.logs.read_log checks the format takes them)."""

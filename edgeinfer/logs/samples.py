@@ -11,14 +11,19 @@ a channel's first sample has nothing to hold: it is dropped and counted (ArmLog.
 """
 from __future__ import annotations
 
+import warnings
 from typing import Literal
 
 import numpy as np
 
 from edgeinfer.logs.arm_log import ArmLog, LogError
+from edgeinfer.logs.fields import joint_names_problem
 from edgeinfer.logs.plausible import bad_joint_value
 
 OnError = Literal["raise", "truncate"]
+# A step longer than this many median sample periods is a gap (reader option gap_periods): a few dropped samples
+# are bridged, but integrating a velocity across hours of silence turns one held speed into thousands of rad.
+GAP_PERIODS = 5.0
 
 
 def check_on_error(on_error: str) -> None:
@@ -33,12 +38,16 @@ class Records:
     `fail(index, message)` records the first bad record and raises LogError when on_error="raise"; with
     "truncate" the caller stops reading and keeps what came before. Records are named by `unit` ("record":
     0-based index in file order; "line": the caller passes 1-based text lines). held: the names of the channels
-    whose samples come at their own times (add_sample), in the order the ArmLog lists them.
+    whose samples come at their own times (add_sample), in the order the ArmLog lists them. joint_names: (D,)
+    the joints' names when the file names them once for all records (LeRobot's info.json), else the first
+    record's own names (add's `names`: a JointState's name).
     """
 
-    def __init__(self, where: str, on_error: OnError = "raise", unit: str = "record", held: tuple[str, ...] = ()):
+    def __init__(self, where: str, on_error: OnError = "raise", unit: str = "record", held: tuple[str, ...] = (),
+                 joint_names: list[str] | None = None):
         check_on_error(on_error)
         self.where, self.on_error, self.unit = where, on_error, unit
+        self.joint_names = joint_names
         self.t_ns: list[int] = []
         self.q: list[np.ndarray] = []
         self.qd: list[np.ndarray | None] = []
@@ -52,13 +61,16 @@ class Records:
     def __len__(self) -> int:
         return len(self.t_ns)
 
-    def add(self, t_ns: int, q, qd=None, index: int | None = None, extra: dict | None = None) -> bool:
+    def add(self, t_ns: int, q, qd=None, index: int | None = None, extra: dict | None = None,
+            names=None) -> bool:
         """One record: t_ns int nanoseconds (any epoch), q (D,) rad, qd (D,) rad/s or None; `index` names it in
         errors (default: its 0-based position); extra: {channel: values} row-aligned with it (each a number or
-        a 1-D array). Returns False when the record is bad and truncating.
+        a 1-D array); names: the record's joint names (None or empty: it names none, and is taken in the order
+        named before). Returns False when the record is bad and truncating.
         Raises LogError (naming the record) for a joint count that differs from the first record's, a channel
-        whose width differs from its first value's, a non-finite value, or a joint value beyond
-        plausible.JOINT_LIMIT."""
+        whose width differs from its first value's, a non-finite value, a joint value beyond
+        plausible.JOINT_LIMIT, or joint names that differ from those named before (a reordered JointState would
+        put every joint's value on another) or cannot name the joints (fields.joint_names_problem)."""
         i = len(self.t_ns) if index is None else index
         values = {}
         for name, v in (extra or {}).items():
@@ -77,6 +89,13 @@ class Records:
             if v is not None and (bad := bad_joint_value(field, v)) is not None:
                 self.fail(i, f"{bad[1]}: {v[bad[0]]:g} (joint {bad[0]}, from 0)")
                 return False
+        if names is not None and len(names) and (names := list(names)) != self.joint_names:
+            why = (joint_names_problem(names, d) if self.joint_names is None and not self.t_ns else
+                   f"joint names {names} differ from {self.joint_names or 'none'} named before")
+            if why is not None:
+                self.fail(i, why)
+                return False
+            self.joint_names = names
         self.t_ns.append(int(t_ns))
         self.index.append(i)
         self.q.append(q)
@@ -132,7 +151,7 @@ class Records:
                            f"extra channel (first samples, ns after the first record: {firsts})")
         qd = None if any(v is None for v in self.qd) else [self.qd[i] for i in pick]
         log = arm_log_from_records(name, source, self.where, self.unit, t_ns[pick], [self.q[i] for i in pick], qd,
-                                   [self.index[i] for i in pick], self.bad_record,
+                                   [self.index[i] for i in pick], self.bad_record, joint_names=self.joint_names,
                                    extra={k: v[pick] for k, v in extra.items()})
         log.dropped_before_extra = n - pick.size
         return log
@@ -148,15 +167,18 @@ def _channel_problem(channel: str, values: np.ndarray, before: list | None) -> s
 
 
 def arm_log_from_records(name: str, source: str, where: str, unit: str, t_ns, q, qd, index, bad_record=None,
-                         joint_names: list[str] | None = None, extra: dict | None = None) -> ArmLog:
+                         joint_names: list[str] | None = None, extra: dict | None = None,
+                         gap_periods: float | None = None) -> ArmLog:
     """Records in file order as an ArmLog, sorted by timestamp, t_s starting at 0.
 
     t_ns: (N,) int ns, any epoch; q, qd: (N, D) rad, rad/s, or None for the one the log lacks, derived after
-    sorting (qd: backward_differences(q, t), causal;
-    q: the trapezoidal integral of qd from 0 rad, scipy.integrate.cumulative_trapezoid). index: (N,) how errors
-    name each record (`unit` and its number, in file order); bad_record: where a truncating read stopped.
-    joint_names: (D,) or None; extra: {name: (N, width)} other channels in file order, sorted with the records.
-    Raises LogError for fewer than 2 records or two records with the same timestamp.
+    sorting, per segment between gaps (find_gaps; gap_periods, default GAP_PERIODS): qd by
+    backward_differences(q, t), causal, 0 at each segment's first record; q by the trapezoidal integral of qd
+    (scipy.integrate.cumulative_trapezoid) from 0 rad, each later segment from the last value before its gap.
+    A derivation that restarts at a gap warns (RuntimeWarning), naming each gap's record, time and length.
+    index: (N,) how errors name each record (`unit` and its number, in file order); bad_record: where a
+    truncating read stopped. joint_names: (D,) or None; extra: {name: (N, width)} other channels in file order,
+    sorted with the records. Raises LogError for fewer than 2 records or two records with the same timestamp.
     """
     cut = f" (truncated at {unit} {bad_record})" if bad_record is not None else ""
     if len(t_ns) < 2:
@@ -172,26 +194,62 @@ def arm_log_from_records(name: str, source: str, where: str, unit: str, t_ns, q,
         raise LogError(f"{where} {unit}s {a} and {b} (in file order): same timestamp {int(t_ns[same[0]])} ns")
     t_s = (t_ns - t_ns[0]) / 1e9
     q_derived, qd_derived = q is None, qd is None
+    gaps = find_gaps(t_s, GAP_PERIODS if gap_periods is None else gap_periods)
     if q_derived:
-        from scipy.integrate import cumulative_trapezoid
-
         qd = np.asarray(qd, dtype=np.float64)[order]
-        q = cumulative_trapezoid(qd, t_s, axis=0, initial=0.0)
+        q = integrate_segments(qd, t_s, gaps)
     else:
         q = np.asarray(q, dtype=np.float64)[order]
-        qd = backward_differences(q, t_s) if qd_derived else np.asarray(qd, dtype=np.float64)[order]
+        qd = backward_differences(q, t_s, gaps) if qd_derived else np.asarray(qd, dtype=np.float64)[order]
+    if gaps.size and (q_derived or qd_derived):
+        shown = ", ".join(f"{unit} {index[order[i]]} at t = {t_s[i]:.3f} s after {_span(t_s[i] - t_s[i - 1])}"
+                          for i in gaps[:5])
+        warnings.warn(f"{where}: {gaps.size} gap(s) longer than {gap_periods or GAP_PERIODS:g} sample periods "
+                      f"({shown}{', ...' if gaps.size > 5 else ''}): derived {'q' if q_derived else 'qd'} restarts "
+                      "at each (set gap_periods, --gap-periods, to change what counts as a gap)",
+                      RuntimeWarning, stacklevel=2)
     return ArmLog(name=name, t_s=t_s, q_rad=np.ascontiguousarray(q), qd_rad_s=np.ascontiguousarray(qd),
                   truncated_at_row=bad_record, source=source, reordered=reordered,
                   qd_from_differences=qd_derived, q_from_integration=q_derived, joint_names=joint_names,
+                  gaps_s=[(float(t_s[i]), float(t_s[i] - t_s[i - 1])) for i in gaps],
                   extra={k: np.asarray(v, dtype=np.float64).reshape(len(order), -1)[order]
                          for k, v in (extra or {}).items()})
 
 
-def backward_differences(q: np.ndarray, t_s: np.ndarray) -> np.ndarray:
+def find_gaps(t_s: np.ndarray, gap_periods: float = GAP_PERIODS) -> np.ndarray:
+    """(G,) int64 indices i of the records that follow a gap: t_s[i] - t_s[i-1] > gap_periods * the median step.
+    t_s: (T,) s, increasing. Each gap starts a new segment of the log."""
+    steps = np.diff(t_s)
+    if not steps.size:
+        return np.zeros(0, dtype=np.int64)
+    return np.flatnonzero(steps > gap_periods * float(np.median(steps))) + 1
+
+
+def integrate_segments(qd: np.ndarray, t_s: np.ndarray, gaps: np.ndarray) -> np.ndarray:
+    """Positions (T, D) rad: the trapezoidal integral of qd (T, D) rad/s over t_s (T,) s from 0 rad, within each
+    segment between `gaps` (find_gaps); a segment starts from the last value before its gap, so nothing moves
+    across a gap. (The trapezoid rule, as scipy.integrate.cumulative_trapezoid, with the gaps' steps left out.)"""
+    steps = np.zeros_like(qd, dtype=np.float64)
+    steps[1:] = 0.5 * (qd[1:] + qd[:-1]) * np.diff(t_s)[:, None]
+    steps[gaps] = 0.0  # the step across a gap: no integration over time with no samples
+    return np.cumsum(steps, axis=0)
+
+
+def backward_differences(q: np.ndarray, t_s: np.ndarray, gaps: np.ndarray | None = None) -> np.ndarray:
     """Velocities (T, D) rad/s of positions q (T, D) rad at times t_s (T,) s, increasing: (q[i] - q[i-1]) /
-    (t_s[i] - t_s[i-1]), 0 at the first record. Causal: row i uses no later row, as a controller at t_s[i] could
-    compute it. (Central differences, np.gradient, would put q[i+1] into qd[i]: a policy trained or replayed on
-    them sees one sample of the future, which no robot gives it.)"""
+    (t_s[i] - t_s[i-1]), 0 at the first record and at each record after one of `gaps` (find_gaps; None: none),
+    as at a segment's start. Causal: row i uses no later row, as a controller at t_s[i] could compute it.
+    (Central differences, np.gradient, would put q[i+1] into qd[i]: a policy trained or replayed on them sees
+    one sample of the future, which no robot gives it.)"""
     qd = np.zeros_like(q, dtype=np.float64)
     qd[1:] = np.diff(q, axis=0) / np.diff(t_s)[:, None]
+    if gaps is not None:
+        qd[gaps] = 0.0
     return qd
+
+
+def _span(seconds: float) -> str:
+    """A gap's length for a warning: '5.2 h', '3.0 min' or '0.045 s'."""
+    if seconds >= 3600:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 60:.1f} min" if seconds >= 60 else f"{seconds:.3g} s"

@@ -6,19 +6,24 @@ deadline planner as `edgeinfer serve` (its budget runs from the observation's ti
 for the policy:
 
     step(t_ns, obs)   measure the caller's rate and jitter on the clock (control/rate.py); warn once when it is
-                      more than rate_tolerance off the configured period (rate_departures)
+                      more than rate_tolerance off period_ms (rate_departures)
                       -> t_ns against this host's clock (ClockMap): the offset obs.t_ns is mapped with, and the
                          measured drift (warned once beyond clock_rate_tolerance: clock_drifts)
                       -> when a replan is due by time (every replan_every_ticks configured periods: one chunk
-                         step, on absolute deadlines), hand obs to the decoder (latest-only: an observation still
-                         waiting when a newer one arrives is dropped and counted)
+                         step, on absolute deadlines), hand obs to the decoder with the time between chunk starts
+                         as its budget (latest-only: an observation still waiting when a newer one arrives is
+                         dropped and counted)
                       -> control/command.py, the control loop's own command path: the newest chunk that covers
                          t_ns, interpolated, or a hold at the last command (else the last finite observation);
                          clamped to the safety limits from the last command, over the measured time since it
                       -> JointCommand (None before there is any state to command: no_state)
 
-The caller's real rate may differ from period_ms (a LeRobot loop at 12-30 Hz): replanning and the clamp go by
-time, so only the stats and one warning show it.
+The caller's real rate may differ from period_ms (a LeRobot loop at 12-30 Hz). period_ms is the policy's control
+period (its chunk step is stride_ticks of it), not the caller's: the plan keeps its real timing, and replanning, each
+chunk's budget and the clamp follow the measured time. At 25 Hz a chunk starts at every call, and its budget is the
+measured time between calls (not the 20 ms chunk step), so the chunk in use is the one decoded since the last call;
+every rung covers the whole horizon (edgeinfer/node/runtime.py), so a chunk cut by its budget has not expired by the
+next call. Only the stats and one warning show the rate.
 
 An observation with a NaN or inf in it is refused, as the control loop's wire decoder refuses it (obs_nonfinite):
 it is neither decoded nor held at.
@@ -57,8 +62,8 @@ class ControllerConfig(CommandConfig):
     (CommandConfig) are those of every controller."""
 
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)  # the runtime run on the decoder thread
-    # The caller's control period, ms (the policy's chunk step is stride_ticks of it: 4 ms x 5 for the Schunk
-    # policy at 250 Hz).
+    # The policy's control period, ms: the tick it was trained at (its chunk step is stride_ticks of it: 4 ms x 5
+    # for the Schunk policy at 250 Hz). The caller may call at another rate: that rate is measured and followed.
     period_ms: float = 4.0
     # Warn (once per departure) when the measured call rate is more than this fraction off 1 / period_ms.
     rate_tolerance: float = 0.2
@@ -120,7 +125,8 @@ class Controller:
         self._next_replan_ns: int | None = None  # None: the first finite observation is planned from
         self._prev_t_ns: int | None = None  # the last call's t_ns (a clock that steps back is counted)
         self._replan_due = True
-        self._pending: tuple[Observation, int] | None = None  # and its budget's start on this host's clock
+        # the observation, its budget's start on this host's clock and the budget, ms
+        self._pending: tuple[Observation, int, float] | None = None
         self.clock_map = ClockMap()  # t_ns -> this host's clock
         self._drifting = False
         self._wake = threading.Condition()
@@ -133,7 +139,8 @@ class Controller:
             self.runtime.warmup(self.runtime.warmup_observation())
         replan_every, self.step_ns = self.runtime.chunk_timing(self.period_ns)
         self.replan_ns = replan_every * self.period_ns  # replanning goes by time, whatever the caller's rate
-        self.runtime.set_budget_ms(self.cfg.runtime.scheduler.resolved_budget_ms(replan_every, self.period_ns))
+        self.budget_ms = self.cfg.runtime.scheduler.resolved_budget_ms(replan_every, self.period_ns)
+        self.runtime.set_budget_ms(self.budget_ms)
         self._worker = threading.Thread(target=self._decode_loop, name="edgeinfer-decoder", daemon=True)
         self._worker.start()
         return self
@@ -177,7 +184,7 @@ class Controller:
             self.stats.replans += 1
             with self._wake:
                 self.stats.obs_dropped += self._pending is not None
-                self._pending = obs, self.clock_map.host_ns(obs.t_ns)
+                self._pending = obs, self.clock_map.host_ns(obs.t_ns), self._chunk_budget_ms()
                 self._wake.notify()
         n, self._ticks = self._ticks, self._ticks + 1
         measured = self.last_obs.q_rad if self.last_obs is not None else None
@@ -196,8 +203,19 @@ class Controller:
         if report:
             warnings.warn(f"Controller.step is called at {r.rate_hz:.1f} Hz (jitter {r.jitter_ms:.1f} ms), not at "
                           f"the {r.rate_cfg_hz:.1f} Hz of ControllerConfig.period_ms={self.cfg.period_ms}: "
-                          "replanning and the clamp follow the real time, but set period_ms to the loop's real "
-                          "period", RuntimeWarning, stacklevel=3)
+                          "replanning, the chunk budget and the clamp follow the measured rate. Leave period_ms "
+                          "at the policy's own period (its chunk step is stride_ticks of it; the loop's period "
+                          "would stretch the plan in time)", RuntimeWarning, stacklevel=3)
+
+    def _chunk_budget_ms(self) -> float:
+        """The budget of a chunk started now, ms: the time between two chunk starts. Once a replan comes at every
+        call (a caller slower than the chunk step), that is the measured call interval, not replan_every_ticks
+        periods; an explicit SchedulerConfig.budget_ms is kept as set. Capped at the chunk's horizon: a budget
+        longer than that would plan a chunk expired on arrival."""
+        if self.cfg.runtime.scheduler.budget_ms is not None or not self.rate.rate_hz > 0:
+            return self.budget_ms
+        horizon_ms = self.runtime.policy.cfg.horizon * self.step_ns / 1e6
+        return min(max(self.budget_ms, 1e3 / self.rate.rate_hz), horizon_ms)
 
     def _replan_time(self, t_ns: int) -> bool:
         """True when a replan is due at t_ns: every replan_ns on absolute deadlines from the first; deadlines the
@@ -247,8 +265,9 @@ class Controller:
                     self._wake.wait()
                 if self._closing:
                     return
-                (obs, t_start_ns), self._pending = self._pending, None
+                (obs, t_start_ns, budget_ms), self._pending = self._pending, None
             try:
+                self.runtime.set_budget_ms(budget_ms)
                 # the first verified step goes into the buffer at once, the rest of the chunk replaces it
                 chunk = self.runtime.step(obs, t_start_ns, self.step_ns, on_first_step=self._push)
             except Exception as e:  # a failing policy must not stop the arm's controller: it holds, and says why

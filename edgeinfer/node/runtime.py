@@ -3,11 +3,15 @@
 Fallback ladder when the budget cannot hold the full plan, best first (every chunk names its rung):
     full      every action token verified by the target
     coarse    DCT tokens (engines/dct_tokenizer.py): the whole horizon from the coefficient rows verified so far
-    partial   step tokens (engines/tokenizer.py): the steps fully verified so far (a shorter horizon)
+    partial   step tokens (engines/tokenizer.py): at least one whole step verified, the rest of the horizon the
+              drafter's tokens after the verified prefix, unverified (ActionChunk.tokens: how many were verified)
     draft     no whole row verified: the verified prefix plus the drafter's tokens, unverified
     continue  nothing new: the control loop keeps the previous chunk
-(the last rung, hold, is the control loop's watchdog.) A chunk cut short is cut at its last whole row of D
-tokens (a step, or one coefficient of every joint); its rung is the tokenizer's prefix_rung.
+(the last rung, hold, is the control loop's watchdog.) Every rung covers at least the horizon of the rung below it:
+a chunk of 1-2 verified steps covers 20-40 ms, which a slow policy or a caller at 25 Hz has passed before it uses
+the chunk, so a partial chunk is completed as a draft is. A coarse chunk is cut at its last whole row of D tokens
+(one coefficient of every joint), which already spans the horizon; a chunk cut short names the tokenizer's
+prefix_rung.
 
 The node around it (sockets, handshake, the loop, liveliness, telemetry) is edgeinfer/node/serve.py.
 """
@@ -193,6 +197,10 @@ class PolicyRuntime:
         """Decode each chunk within budget_ms (SchedulerConfig.resolved_budget_ms, once the period is known)."""
         self.planner.set_budget_ms(budget_ms)
 
+    def reset(self) -> None:
+        """A new episode (the observation source restarted): nothing to do, each chunk decodes from its own
+        observation."""
+
     def warmup_observation(self) -> Observation:
         """The policy's warm-up state (the training data's mean for the built-in policy), for warm-up before the
         start."""
@@ -249,20 +257,29 @@ class PolicyRuntime:
 
 def chunk_rung(res: DecodeResult, n_tokens: int, row_tokens: int, prefix_rung: str, drafter: Drafter | None
                ) -> tuple[str, list[int]]:
-    """The fallback ladder (module docstring) for a decode that ended: (rung, tokens). Every token verified: full;
-    at least one whole row of row_tokens: prefix_rung (the tokenizer's), cut at its last whole row; fewer: the
-    verified prefix completed by `drafter` (draft); no drafter: continue, no tokens. A tokenizer that completes
-    any prefix of whole rows (prefix_rung "coarse": DCT tokens, a departure from the constant-velocity chunk)
-    drafts with no token at all: no row decodes to the constant-velocity chunk itself, the kinematic drafter's
-    chunk, which a part of coefficient 0 beside another drafter's higher coefficients would shift at every step
-    (build_chunk decodes it)."""
+    """The fallback ladder (module docstring) for a decode that ended: (rung, tokens), every rung covering at least
+    the horizon of the rung below it. Every token verified: full. Step tokens: the verified prefix completed to
+    n_tokens by `drafter` (its proposal after the verified tokens, unverified), rung partial with at least one
+    whole row of row_tokens verified, else draft; with no drafter (target-only), a partial chunk repeats its last
+    verified row (the kinematic drafter's rule: a step token is an increment, so constant velocity) and a
+    draft is continue, no tokens. The verified tokens come first and unchanged (exactness); res.tokens counts them.
+    A tokenizer that completes any prefix of whole rows (prefix_rung "coarse": DCT tokens, a departure from the
+    constant-velocity chunk) is cut at its last whole row, and drafts with no token at all: no row decodes to the
+    constant-velocity chunk itself, the kinematic drafter's chunk, which a part of coefficient 0 beside another
+    drafter's higher coefficients would shift at every step (build_chunk decodes it)."""
     tokens = res.tokens
     if res.complete:
         return "full", tokens
-    if len(tokens) >= row_tokens:
-        return prefix_rung, tokens[: len(tokens) // row_tokens * row_tokens]
+    whole = len(tokens) // row_tokens * row_tokens
+    if prefix_rung == "coarse":
+        if whole:
+            return prefix_rung, tokens[:whole]
+        return ("draft", []) if drafter is not None else ("continue", [])
+    rung = prefix_rung if whole else "draft"
     if drafter is not None:
-        return "draft", [] if prefix_rung == "coarse" else tokens + drafter.propose(tokens, n_tokens - len(tokens))
+        return rung, tokens + drafter.propose(tokens, n_tokens - len(tokens))
+    if whole:
+        return rung, tokens[:whole] + tokens[whole - row_tokens:whole] * ((n_tokens - whole) // row_tokens)
     return "continue", []
 
 
@@ -296,6 +313,9 @@ class NullRuntime:
 
     def set_budget_ms(self, budget_ms: float) -> None:
         pass  # a chunk that costs nothing has no budget to keep
+
+    def reset(self) -> None:
+        pass  # stateless
 
     def warmup_observation(self) -> None:
         return None

@@ -53,10 +53,10 @@ def serve(cfg: RuntimeConfig, endpoints: transport.Endpoints, handshake_timeout_
     implausible (a corrupted one) is dropped (obs_implausible), and one older than max_obs_age_ms on arrival
     (obs_stale); a chunk with a non-finite action is never published: a `continue` chunk (the anchor only, so the
     control loop keeps its previous chunk or holds) goes out instead (counter error.nonfinite_action). A restarted
-    observation source (a new Start, or its seq from 0 again) is served from its first observation
-    (source_restarts); it may handshake again (its Hellos are answered). Started mid-run (a restart), it learns
-    the schedule from the replayer's Heartbeat and waits for the control loop to acknowledge it before serving
-    (re-handshake).
+    observation source (a new Start, or its seq from 0 again) is served from its first observation, as a new
+    episode (the runtime's reset(): a stateful policy's state back to its start; source_restarts); it may handshake
+    again (its Hellos are answered). Started mid-run (a restart), it learns the schedule from the replayer's
+    Heartbeat and waits for the control loop to acknowledge it before serving (re-handshake).
     """
     with RuntimeNode(cfg, endpoints) as node:
         stop = threading.Event()
@@ -228,6 +228,7 @@ class RuntimeNode:
         self.runtime.set_budget_ms(budget_ms)
         self._window = DueWindow(int(self.cfg.obs_spin_us * 1e3), start.period_ns)
         if restart:
+            self.runtime.reset()  # a new episode: a stateful policy's state is the last session's
             self.telemetry.log.line("source_restart", "the observation source restarted (a new Start); serving it "
                                                       "from its first observation")
 
@@ -263,6 +264,7 @@ class RuntimeNode:
             return None  # touches nothing: not the clock, not the session
         admitted = src.admit(obs)
         if admitted == "restart":
+            self.runtime.reset()
             self.telemetry.log.line("source_restart", f"the observation source restarted (seq {obs.seq} after "
                                                       "a higher one, later in time); serving it from there")
         if admitted == "old" or obs.seq < src.next_seq:
