@@ -49,14 +49,14 @@ def _read_runs(root: Path, split: str) -> dict:
 def _windows(root: str, horizon: int, stride: int, split: str) -> tuple[np.ndarray, np.ndarray, str]:
     logs = _read_runs(Path(root), split)
     if logs:
-        parts = [chunk_windows(log.q_rad, log.qd_rad_s, horizon, stride)[:2] for log in logs.values()]
+        parts = [chunk_windows(log.q_rad, log.qd_rad_s, horizon, stride, log.t_s)[:2] for log in logs.values()]
         feats, offsets = np.concatenate([f for f, _ in parts]), np.concatenate([o for _, o in parts])
         source = f"real: {len(logs)} {split} Schunk runs under {root} (measurements {sorted(logs)})"
     else:
         print(f"WARNING: no {split} Schunk runs under {root} (set {DATA_DIR_ENV}); using the synthetic "
               "minimum-jerk log instead: these figures are NOT on real data", file=sys.stderr)
         log = synthetic_log(seconds=_SYNTHETIC_SECONDS)
-        feats, offsets, _ = chunk_windows(log.q_rad, log.qd_rad_s, horizon, stride)
+        feats, offsets, _ = chunk_windows(log.q_rad, log.qd_rad_s, horizon, stride, log.t_s)
         source = f"synthetic: {log.name}, {_SYNTHETIC_SECONDS:.0f} s (no real data under {root})"
     feats.flags.writeable = offsets.flags.writeable = False  # cached: shared by every caller
     return feats, offsets, source

@@ -131,7 +131,7 @@ class FitData:
         unit. Raises ValueError when no unit of the part is long enough for one window ((horizon + 1) x stride
         + 1 rows)."""
         units = getattr(self, part)
-        parts = [chunk_windows(u.log.q_rad, u.log.qd_rad_s, horizon, stride)[:2] for u in units]
+        parts = [chunk_windows(u.log.q_rad, u.log.qd_rad_s, horizon, stride, u.log.t_s)[:2] for u in units]
         feats, offsets = np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
         unit_of = np.repeat(np.arange(len(units)), [len(p[0]) for p in parts])
         if not len(feats):

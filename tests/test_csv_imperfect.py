@@ -160,3 +160,22 @@ def test_an_export_with_empty_cells_and_a_two_hour_gap_replays_in_seconds(tmp_pa
     assert source["gaps_shortened"]["ticks_removed"] * 4e-3 == pytest.approx(7200 - 2.0, abs=0.01)
     assert report["observations_sent"] == n and not report.get("interrupted")
     assert report["safety"]["outside_position_limits"] == 0 and report["safety"]["over_velocity_limit"] == 0
+
+
+def test_training_windows_never_cross_a_gap():
+    # a training target across a 3 h gap is a jump no robot makes (1.59 rad against 0.13 in a real export): such
+    # windows are left out, the ones within each segment kept
+    from edgeinfer.engines.dataset import chunk_windows
+
+    n, horizon, stride = 200, 8, 5
+    t_s = np.arange(n) * 0.004
+    t_s[100:] += 3 * 3600
+    q = np.cumsum(np.full((n, 2), 0.001), axis=0)
+    q[100:] += 1.5  # the arm moved while nothing was recorded
+    _, offsets_all, t_all = chunk_windows(q, np.zeros_like(q), horizon, stride)
+    _, offsets, t = chunk_windows(q, np.zeros_like(q), horizon, stride, t_s)
+    span = horizon * stride
+    crossing = (t_all - stride < 100) & (t_all + span >= 100)
+    assert crossing.sum() == stride + span and np.abs(offsets_all).max() > 1.5  # t in [100 - span, 100 + stride)
+    np.testing.assert_array_equal(t, t_all[~crossing])
+    assert np.abs(offsets).max() < 0.05  # 40 steps of 1 mrad at most

@@ -65,7 +65,7 @@ def held_out_chunks(policy: Policy, data_dir: Path, per_run: int) -> dict[str, t
     stride = policy.cfg.stride_ticks
     for n, path in sorted(runs.items()):
         log = read_schunk(path)
-        feats, offsets, _ = chunk_windows(log.q_rad, log.qd_rad_s, policy.cfg.horizon, stride)
+        feats, offsets, _ = chunk_windows(log.q_rad, log.qd_rad_s, policy.cfg.horizon, stride, log.t_s)
         idx = np.arange(0, len(feats), stride)
         mid = max(0, (len(idx) - per_run) // 2)
         idx = idx[mid:mid + per_run]

@@ -151,7 +151,8 @@ def run_bench(cfg: BenchConfig, sc: Scenarios | None = None, console: Console | 
     policy = load_policy()
     logs, source = _logs(cfg, console)
     d = policy.cfg.n_joints
-    parts = [chunk_windows(log.q_rad, log.qd_rad_s, policy.cfg.horizon, policy.cfg.stride_ticks)[:2] for log in logs]
+    pcfg = policy.cfg
+    parts = [chunk_windows(log.q_rad, log.qd_rad_s, pcfg.horizon, pcfg.stride_ticks, log.t_s)[:2] for log in logs]
     feats, offsets = np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
     if len(feats) == 0:
         raise ValueError(f"the logs ({source}) are too short for one chunk window")

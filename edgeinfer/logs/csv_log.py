@@ -371,7 +371,8 @@ def _select(path: Path, header: list[str], cmap: dict, rate_hz: float | None, de
         raise LogError(f"{path} line 1: {len(fields['q'])} position columns but {len(fields['qd'])} velocity columns")
     for i in (i for cols in fields.values() for i in cols):
         if header.count(header[i]) > 1:
-            raise LogError(f"{path} line 1 column {names[i]!r}: the header names {header.count(header[i])} columns so")
+            raise LogError(f"{path} line 1 column {names[i]!r}: the header names {header.count(header[i])} columns so: "
+                           "rename the repeated columns in the export, or map the joints with --columns")
     return fields
 
 

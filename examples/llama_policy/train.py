@@ -45,7 +45,7 @@ def windows(data: Path | None) -> tuple[dict[str, tuple[np.ndarray, np.ndarray]]
     Schunk runs under `data`, or (data None) of 120 s of the synthetic log, all for training."""
     if data is None:
         log = synthetic_log(seconds=120.0)
-        f, o, _ = chunk_windows(log.q_rad, log.qd_rad_s, HORIZON, STRIDE_TICKS)
+        f, o, _ = chunk_windows(log.q_rad, log.qd_rad_s, HORIZON, STRIDE_TICKS, log.t_s)
         return {"train": (f, o), "held_out": (f[:0], o[:0])}, log.rate_hz, {"source": log.name}
     parts: dict[str, list] = {"train": [], "held_out": []}
     runs = list_schunk_runs(data)
@@ -53,7 +53,7 @@ def windows(data: Path | None) -> tuple[dict[str, tuple[np.ndarray, np.ndarray]]
         raise FileNotFoundError(f"no measurement_N folders under {data}")
     for n, path in runs.items():
         log = read_schunk(path)
-        parts[split_of(n)].append((n, *chunk_windows(log.q_rad, log.qd_rad_s, HORIZON, STRIDE_TICKS)[:2]))
+        parts[split_of(n)].append((n, *chunk_windows(log.q_rad, log.qd_rad_s, HORIZON, STRIDE_TICKS, log.t_s)[:2]))
     split = {"source": str(data), "rule": "held_out = measurement numbers n with n % 5 == 1",
              "train": [p[0] for p in parts["train"]], "held_out": [p[0] for p in parts["held_out"]]}
     out = {k: (np.concatenate([p[1] for p in v]), np.concatenate([p[2] for p in v])) for k, v in parts.items()}
