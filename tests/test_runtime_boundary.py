@@ -6,7 +6,7 @@ import time
 
 import pytest
 import zmq
-from test_serve_restart import P, Runtime, Source, _chunks
+from test_serve_restart import P, Source, _chunks, runtime  # noqa: F401  (the fixture)
 
 from edgeinfer.control.loop import ControlConfig
 from edgeinfer.core import transport
@@ -18,18 +18,6 @@ from edgeinfer.procs.spec import NodeSpec
 
 MS = 1_000_000
 ABSURD_PERIODS = (0, -4 * MS, 2**62)
-
-
-@pytest.fixture
-def runtime(tmp_path):
-    made = []
-
-    def make(**options) -> Runtime:
-        made.append(Runtime(tmp_path, **options))
-        return made[-1]
-    yield make
-    for r in made:
-        r.close()
 
 
 def _stats(msgs) -> dict:
