@@ -53,11 +53,16 @@ class DistillConfig(FitConfig):
     n_layers: int = 1  # the student's transformer blocks
     n_heads: int = 4  # the student's attention heads
     init_from_target: bool = True  # start from the target's first n_layers blocks, embeddings, ln_f and head
+    # Start from this policy's weights instead (a manifest JSON of the student's shape, e.g. the shipped small
+    # target engines/weights/schunk_target.json for a draft of the large one); its width, layers and heads
+    # replace d_model, n_layers and n_heads, and it must share the target's tokenizer and normalisation.
+    init_from: Path | None = None
     eval_k: int = 4  # drafts per target pass of the held-out acceptance metric
 
     def __post_init__(self):
         super().__post_init__()
         self.target = Path(self.target)
+        self.init_from = Path(self.init_from) if self.init_from is not None else None
         name = self.target.stem.removesuffix("_target")
         self.out = Path(self.out) if self.out is not None else TRAINED_DIR / f"{name}_draft.json"
         check_writable(self.out, self.overwrite_shipped)
@@ -108,9 +113,22 @@ def acceptance_at_k(agree: np.ndarray, k: int) -> dict:
 
 
 def student(target: Policy, cfg: DistillConfig) -> ActionTransformer:
-    """The untrained draft: the target's shape with cfg's d_model/n_layers/n_heads; with init_from_target,
-    the target's first n_layers blocks with its embeddings, ln_f and head (the `early-exit` drafter).
-    Raises ValueError when init_from_target does not fit the target's shape."""
+    """The untrained draft: with cfg.init_from, a copy of that policy's model (trained on the same task: a good
+    start); else the target's shape with cfg's d_model/n_layers/n_heads, and with init_from_target the target's
+    first n_layers blocks with its embeddings, ln_f and head (the `early-exit` drafter). Raises ValueError when
+    init_from does not share the target's chunk shape, tokenizer and normalisation, or init_from_target does
+    not fit the target's shape."""
+    if cfg.init_from is not None:
+        from edgeinfer.engines.policy import load_policy
+
+        start = load_policy(cfg.init_from)
+        same = ("obs_dim", "n_joints", "horizon", "n_bins")
+        if any(getattr(start.cfg, f) != getattr(target.cfg, f) for f in same) or \
+                start.tokenizer.state_dict() != target.tokenizer.state_dict() or \
+                not (np.allclose(start.feat_mean, target.feat_mean) and np.allclose(start.feat_std, target.feat_std)):
+            raise ValueError(f"--init-from {cfg.init_from} does not share the target's {same}, tokenizer and "
+                             "normalisation")
+        return start.model.train()
     if not cfg.init_from_target:
         return ActionTransformer(dataclasses.replace(target.cfg, d_model=cfg.d_model, n_layers=cfg.n_layers,
                                                      n_heads=cfg.n_heads))
@@ -183,7 +201,8 @@ def distill(target: Policy, cfg: DistillConfig) -> Policy:
         "distilled_from": target.manifest["sha256"],
         "data": data.manifest(len(x), len(ho_x)),
         "distill": {"seed": cfg.seed, "steps": cfg.steps, "batch_size": cfg.batch_size, "lr": cfg.lr,
-                    "init_from_target": cfg.init_from_target,
+                    "init_from_target": cfg.init_from_target and cfg.init_from is None,
+                    "init_from": str(cfg.init_from) if cfg.init_from is not None else None,
                     "loss": "KL(target || draft), teacher forcing on the target's greedy tokens",
                     "final_kl": float(loss.item()), "label_seconds": round(label_s, 1),
                     "seconds": round(time.monotonic() - t0, 1), "torch": torch.__version__},

@@ -8,6 +8,8 @@ Backends (name -> module), availability checked here only:
                   int8 weights on cpu (engines/int8.py)
     tensorrt      FP8 engines from ModelOpt Q/DQ ONNX, strongly typed (needs tensorrt and a GPU)
     fused         the whole pass as one numba-compiled CPU function, fp32 weights, float64 arithmetic
+    packed        the same on weights packed into SIMD panels, fp32 fused multiply-adds: a verify pass reads every
+                  weight once (engines/packed_engine.py), for policies whose weights set the time of a pass
 """
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ PRECISIONS = ("fp32", "bf16", "fp8", "int8")
 LOSSY_PRECISIONS = ("bf16", "fp8", "int8")  # never exact by construction: gated on quality (engines/build.py)
 # precisions per backend
 BUILDS = {"torch": ("fp32", "bf16", "fp8"), "onnxruntime": ("fp32", "int8"), "tensorrt": ("fp32", "fp8"),
-          "fused": ("fp32",)}
+          "fused": ("fp32",), "packed": ("fp32",)}
 
 # name -> (module, class) imported on first use, so that no backend's library is imported unless asked for
 BACKENDS = {
@@ -26,6 +28,7 @@ BACKENDS = {
     "onnxruntime": ("edgeinfer.engines.ort_engine", "OrtEngine"),
     "tensorrt": ("edgeinfer.engines.trt_engine", "TrtEngine"),
     "fused": ("edgeinfer.engines.fused_engine", "FusedEngine"),
+    "packed": ("edgeinfer.engines.packed_engine", "PackedEngine"),
 }
 
 
@@ -44,8 +47,8 @@ def unavailable_reason(backend: str, device: str = "cpu") -> str | None:
         return None
     if backend not in BACKENDS:
         return f"unknown backend {backend!r}; known: {sorted(BACKENDS)}"
-    if backend == "fused" and device != "cpu":  # said first: a GPU would not help
-        return "fused runs on the CPU only (a numba-compiled pass)"
+    if backend in ("fused", "packed") and device != "cpu":  # said first: a GPU would not help
+        return f"{backend} runs on the CPU only (a numba-compiled pass)"
     if device.startswith("cuda") and not cuda_available():
         return "no CUDA device visible to torch"
     if backend == "onnxruntime":
@@ -57,7 +60,7 @@ def unavailable_reason(backend: str, device: str = "cpu") -> str | None:
 
             if "CUDAExecutionProvider" not in ort.get_available_providers():
                 return "onnxruntime has no CUDAExecutionProvider (pip install onnxruntime-gpu)"
-    if backend == "fused" and importlib.util.find_spec("numba") is None:
+    if backend in ("fused", "packed") and importlib.util.find_spec("numba") is None:
         return "numba is not installed (pip install numba)"
     if backend == "tensorrt":
         if not device.startswith("cuda"):

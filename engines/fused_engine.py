@@ -68,11 +68,14 @@ _FASTMATH = {"reassoc", "contract", "nsz", "arcp"}
 _uncached: list[str] = []  # kernels compiled without the on-disk cache (no writable cache folder)
 
 
-def _kernel(fn):
+def _kernel(fn=None, **options):
     """njit, cached on disk in the first writable folder numba finds ($NUMBA_CACHE_DIR, engines/__pycache__,
-    ~/.cache/numba); where none is (a read-only install and home), compiled in each process instead."""
+    ~/.cache/numba); where none is (a read-only install and home), compiled in each process instead. options:
+    more njit options (`@_kernel(error_model="numpy")`)."""
+    if fn is None:
+        return lambda f: _kernel(f, **options)
     try:
-        return njit(cache=True, nogil=True, fastmath=_FASTMATH)(fn)
+        return njit(cache=True, nogil=True, fastmath=_FASTMATH, **options)(fn)
     except RuntimeError as e:  # numba.core.caching: "cannot cache function ...: no locator available ..."
         if "no locator available" not in str(e):
             raise
@@ -80,7 +83,7 @@ def _kernel(fn):
             print("WARNING: fused engine: no writable numba cache folder, so its kernels compile in every process "
                   "(~25 s on a busy 2-core machine): set NUMBA_CACHE_DIR to a writable folder", file=sys.stderr)
         _uncached.append(fn.__name__)
-        return njit(nogil=True, fastmath=_FASTMATH)(fn)
+        return njit(nogil=True, fastmath=_FASTMATH, **options)(fn)
 
 @_kernel
 def _linear(x, t, w, off, wi, y):
@@ -325,8 +328,8 @@ class FusedEngine:
         return tokens[n:n + m].tolist()
 
 
-def _check(precision: str, device: str) -> None:
+def _check(precision: str, device: str, backend: str = "fused") -> None:
     if precision != "fp32":
-        raise ValueError(f"precision={precision!r}: the fused backend builds fp32 only")
+        raise ValueError(f"precision={precision!r}: the {backend} backend builds fp32 only")
     if device != "cpu":
-        raise ValueError(f"device={device!r}: the fused backend runs on cpu only")
+        raise ValueError(f"device={device!r}: the {backend} backend runs on cpu only")

@@ -25,7 +25,7 @@ def test_unavailable_backends_say_why(policy):
         load_engine(policy, "tensorrt", "fp8", "cpu")
     with pytest.raises(KeyError, match="unknown backend 'tflite'"):
         engine_class("tflite")
-    assert set(BACKENDS) == {"torch", "onnxruntime", "tensorrt", "fused"}
+    assert set(BACKENDS) == {"torch", "onnxruntime", "tensorrt", "fused", "packed"}
 
 
 @pytest.mark.skipif(unavailable_reason("tensorrt", "cuda") is not None,

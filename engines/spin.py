@@ -1,0 +1,64 @@
+"""Atomics for numba kernels that share one pass between two threads (engines/packed_engine.py).
+
+Numba has no atomics on the CPU, so these are LLVM atomic instructions in @intrinsic functions on an int64 array:
+`load(a, i)` (acquire), `store(a, i, v)` (release) and `cas(a, i, expected, new)` (sequentially consistent compare
+and swap, returns the old value). A spinning reader must use `load`: a plain read may be hoisted out of its loop.
+
+`sync(a, part)` is a two-party barrier on monotonic counters: party `part` (0 or 1) bumps its own counter (slot
+SYNC + part * LINE, a cache line apart) and spins until the other's has caught up. Both parties call it the same
+number of times, so the counters never need resetting.
+"""
+from __future__ import annotations
+
+from llvmlite import ir
+from numba import njit, types
+from numba.extending import intrinsic
+
+LINE = 8  # int64 slots per 64-byte cache line: each party's counter on its own line
+SYNC = 0  # slots SYNC and SYNC + LINE: the barrier counters of party 0 and 1
+
+
+def _slot(context, builder, signature, array, index):
+    data = context.make_array(signature.args[0])(context, builder, array).data
+    return builder.gep(data, [index])
+
+
+@intrinsic
+def load(typingctx, a, i):
+    """a[i] (int64) with acquire ordering."""
+    def codegen(context, builder, signature, args):
+        return builder.load_atomic(_slot(context, builder, signature, *args), "acquire", 8)
+
+    return types.int64(a, types.intp), codegen
+
+
+@intrinsic
+def store(typingctx, a, i, v):
+    """a[i] = v (int64) with release ordering."""
+    def codegen(context, builder, signature, args):
+        builder.store_atomic(args[2], _slot(context, builder, signature, args[0], args[1]), "release", 8)
+        return context.get_dummy_value()
+
+    return types.void(a, types.intp, types.int64), codegen
+
+
+@intrinsic
+def cas(typingctx, a, i, expected, new):
+    """Compare and swap a[i] from `expected` to `new` (int64, sequentially consistent); returns the old value (the
+    swap happened iff it equals `expected`)."""
+    def codegen(context, builder, signature, args):
+        ptr = _slot(context, builder, signature, args[0], args[1])
+        pair = builder.cmpxchg(ptr, args[2], args[3], "seq_cst", "seq_cst")
+        return builder.extract_value(pair, 0)
+
+    return types.int64(a, types.intp, types.int64, types.int64), codegen
+
+
+@njit(cache=True, nogil=True)
+def sync(a, part):
+    """Two-party barrier: returns once both parties have called sync as many times (see the module docstring)."""
+    mine = a[SYNC + part * LINE] + 1
+    store(a, SYNC + part * LINE, mine)
+    other = SYNC + (1 - part) * LINE
+    while load(a, other) < mine:
+        pass
