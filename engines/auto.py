@@ -1,7 +1,8 @@
 """`backend="auto"`: at start-up, measure the exact engines available here and run the fastest.
 
-    candidates   cpu: fused, onnxruntime, torch; cuda: torch (decode/verify in CUDA graphs), tensorrt, onnxruntime;
-                 always fp32: a reduced precision (engines.engine.LOSSY_PRECISIONS, int8 among them) is never one
+    candidates   cpu: packed, fused, onnxruntime, torch; cuda: torch (decode/verify in CUDA graphs), tensorrt,
+                 onnxruntime; always fp32: a reduced precision (engines.engine.LOSSY_PRECISIONS, int8 among them) is
+                 never one
     exclusion    unavailable here (engines.engine.unavailable_reason), failed to open (build error), or not exact:
                  its greedy tokens differ from torch fp32 target-only greedy decoding on any probe observation
     measure      every probe observation decoded target-only and speculatively with the runtime's drafter and k
@@ -33,8 +34,9 @@ PROBE_K = 4  # drafts per pass measured (at most the planner's k_max): the k of 
 
 
 def candidates(device: str = "cpu") -> list[str]:
-    """The backends auto measures on `device`, in order ("fused" is a CPU kernel)."""
-    return ["torch", "tensorrt", "onnxruntime"] if device.startswith("cuda") else ["fused", "onnxruntime", "torch"]
+    """The backends auto measures on `device`, in order ("packed" and "fused" are CPU kernels)."""
+    return ["torch", "tensorrt", "onnxruntime"] if device.startswith("cuda") else ["packed", "fused", "onnxruntime",
+                                                                                     "torch"]
 
 
 def probe_states(policy, n: int, seed: int = 0) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:

@@ -30,12 +30,34 @@ from typing import Sequence
 
 import numpy as np
 
-from edgeinfer.engines.fused_engine import (_GLOBAL, _LAYER, _TORCH_NAME, D_BINS, D_HEADS, D_LAYERS, D_MODEL, D_SEQ,
-                                            FC1_W, FC2_W, HEAD_W, LN1_B, LN1_W, LN2_W, LNF_W, N_GLOBAL, N_LAYER,
-                                            OBS_W, POS_EMB, PROJ_W, QKV_W, TOK_EMB, _check, _kernel)
+from edgeinfer.engines.fused_engine import (
+    _GLOBAL,
+    _LAYER,
+    _TORCH_NAME,
+    D_BINS,
+    D_HEADS,
+    D_LAYERS,
+    D_MODEL,
+    D_SEQ,
+    FC1_W,
+    FC2_W,
+    HEAD_W,
+    LN1_W,
+    LN2_W,
+    LNF_W,
+    N_GLOBAL,
+    N_LAYER,
+    OBS_W,
+    POS_EMB,
+    PROJ_W,
+    QKV_W,
+    TOK_EMB,
+    _check,
+    _kernel,
+)
 from edgeinfer.engines.model import ActionTransformer
 from edgeinfer.engines.simd import linear, pack_linear, padded, panel_columns
-from edgeinfer.engines.spin import LINE, cas, load, store, sync
+from edgeinfer.engines.spin import LINE, cas, load, store
 
 _LINEARS = {"obs_w", "qkv_w", "proj_w", "fc1_w", "fc2_w", "head_w"}  # packed into panels with their biases
 
@@ -312,9 +334,9 @@ class PackedEngine:
 
     model: the fp32 ActionTransformer (its weights are copied; the model is not kept). threads: 1, or 2 to share
     each pass with a worker thread (it follows the passes of a chunk and naps between chunks; any half it has not
-    claimed runs on this thread, and the logits are the same bits either way). Raises ValueError for another model class, a precision other than fp32, a
-    device other than cpu or threads outside 1..2; forward raises ValueError for a pass that does not fit
-    seq_len or a token id outside 0..n_bins-1.
+    claimed runs on this thread, and the logits are the same bits either way). Raises ValueError for another model
+    class, a precision other than fp32, a device other than cpu or threads outside 1..2; forward raises ValueError
+    for a pass that does not fit seq_len or a token id outside 0..n_bins-1.
     """
 
     backend = "packed"
@@ -371,7 +393,8 @@ class PackedEngine:
 
     @property
     def halves_shared(self) -> int:
-        """Stage halves so far that the worker thread computed (0 with threads=1; a pass has 2 * stages(n_layers) halves)."""
+        """Stage halves so far that the worker thread computed (0 with threads=1; a pass has 2 * stages(n_layers)
+        halves)."""
         return int(self._ctl[SHARED])
 
     def close(self) -> None:

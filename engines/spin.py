@@ -10,7 +10,6 @@ number of times, so the counters never need resetting.
 """
 from __future__ import annotations
 
-from llvmlite import ir
 from numba import njit, types
 from numba.extending import intrinsic
 

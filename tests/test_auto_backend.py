@@ -150,7 +150,7 @@ def test_the_choice_reaches_a_real_replays_report(tmp_path):
                     Console(quiet=True))
     c = report["engine_choice"]
     assert c is not None and c["candidates"][c["chosen"]]["exact"]
-    assert c["chosen"] in ("fused", "onnxruntime", "torch") and "torch" in c["candidates"]
+    assert c["chosen"] in ("packed", "fused", "onnxruntime", "torch") and "torch" in c["candidates"]
     assert report["engine"].startswith(f"{c['chosen']} (auto)")
     assert c["start_up_ms"] > 0 and c["probes"] > 0
     assert np.isfinite(c["candidates"][c["chosen"]]["chunk_ms_p90"])

@@ -75,8 +75,8 @@ def ultrafast(policy):
     """A tiny run: torch (the baseline engine), onnxruntime, and tensorrt (never available on CPU)."""
     from edgeinfer.bench.ultrafast import UltrafastConfig, bench_ultrafast
 
-    cfg = UltrafastConfig(n_obs=4, warmup_chunks=1, kinematic_ks=(4,), preset=False,  # auto: seconds of probes
-                          engines=(("torch", "fp32"), ("onnxruntime", "fp32"), ("tensorrt", "fp32")))
+    cfg = UltrafastConfig(n_obs=4, warmup_chunks=1, kinematic_ks=(4,), learned_ks=(4,), preset=False,  # auto: probes
+                          engines=(("torch", "fp32", None), ("onnxruntime", "fp32", None), ("tensorrt", "fp32", None)))
     saved = []
     section = bench_ultrafast([policy], cfg, save=lambda s: saved.append(json.loads(json.dumps(s))), quiet=True)
     return section, saved
@@ -145,7 +145,7 @@ def test_relaxed_acceptance_is_lossy_even_when_its_tokens_agree(policy):
     these chunks), and its row is still labelled lossy, never a candidate for the fastest exact row."""
     from edgeinfer.bench.ultrafast import UltrafastConfig, bench_ultrafast
 
-    cfg = UltrafastConfig(n_obs=2, warmup_chunks=0, engines=(("torch", "fp32"),), kinematic_ks=(), learned_k=None,
+    cfg = UltrafastConfig(n_obs=2, warmup_chunks=0, engines=(("torch", "fp32", None),), kinematic_ks=(), learned_ks=(),
                           relaxed_bins=0, relaxed_k=4, preset=False)
     base, relaxed = bench_ultrafast([policy], cfg, quiet=True)["rows"]
     assert base["label"] == "exact" and relaxed["acceptance"] == "relaxed+/-0"

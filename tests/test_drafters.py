@@ -1,6 +1,8 @@
 """Drafters by registry name on real held-out observations: speculative decoding stays token-identical to
 target-only greedy decoding with every drafter and every k in 1..16; the model drafters' drafts are really
 accepted; their caches follow the committed prefix; propose_dist returns proper distributions."""
+import shutil
+
 import numpy as np
 import pytest
 import torch
@@ -142,7 +144,7 @@ def test_propose_dist_returns_distributions(policy, held_out, drafters, name):
             assert np.all((q == 0).sum(1) > 0)
 
 
-def test_the_learned_drafter_is_the_one_beside_the_policys_manifest():
+def test_the_learned_drafter_is_the_one_beside_the_policys_manifest(tmp_path):
     """Each policy's learned drafter is its own distilled draft (<name>_draft.json beside <name>_target.json), so
     `--drafter learned` and `auto` work for the DCT policy; a policy without one is refused naming the file and
     the command, and auto leaves it out."""
@@ -153,7 +155,12 @@ def test_the_learned_drafter_is_the_one_beside_the_policys_manifest():
     assert draft_path(dct) == DCT_DRAFT and draft_path(load_policy()) == DEFAULT_DRAFT
     drafter = make_drafter("learned", dct, backend="torch")
     assert drafter.policy.manifest["distilled_from"] == dct.manifest["sha256"]
-    large = load_policy(LARGE_POLICY)
-    assert "learned" not in applicable_drafters(large) and "learned" in applicable_drafters(dct)
-    with pytest.raises(FileNotFoundError, match="schunk_large_draft.json.*edgeinfer distill"):
-        make_drafter("learned", large)
+    large = load_policy(LARGE_POLICY)  # shipped with its draft (engines/weights/schunk_large_draft.json)
+    assert "learned" in applicable_drafters(large)
+    assert make_drafter("learned", large).policy.manifest["distilled_from"] == large.manifest["sha256"]
+    (tmp_path / "lone_target.json").write_text(LARGE_POLICY.read_text())  # the same policy with no draft beside it
+    shutil.copy(LARGE_POLICY.with_suffix(".pt"), tmp_path)  # a copy: the loader refuses symlinks out of the folder
+    lone = load_policy(tmp_path / "lone_target.json")
+    assert "learned" not in applicable_drafters(lone) and "learned" in applicable_drafters(dct)
+    with pytest.raises(FileNotFoundError, match="lone_draft.json.*edgeinfer distill"):
+        make_drafter("learned", lone)

@@ -6,6 +6,8 @@
 Per row, on real held-out observations (engines/calibration.py; synthetic with a warning when absent):
     per_token_us     one single-token decode pass (p50, p99)
     verify_us_p50    one verify pass of k drafts + the last committed token, k in 1, 2, 4, 8, 16
+    pass_cost_us_p50 one pass over t tokens, t = 1..9: the cost curve of verification (its ratio to t = 1 is the
+                     price of verifying t - 1 drafts; an engine that reads its weights once per pass keeps it flat)
     chunk_us         prefill + target-only greedy decoding of the whole H*D-token chunk (p50, p99)
     spec_chunk_us    the same chunk decoded speculatively with the kinematic drafter, k = 4 (p50)
     max_abs_logit_diff, teacher_forced_agreement
@@ -44,10 +46,11 @@ from edgeinfer.engines.policy import feature_increment, load_policy
 from edgeinfer.engines.tokenizer import action_rmse_rad
 
 VERIFY_KS = (1, 2, 4, 8, 16)
+PASS_TOKENS = tuple(range(1, 10))  # the pass-cost curve
 SPEC_K = 4
 WARMUP = 5
 PARITY_SEED = 1  # observations for timing and parity; calibration draws with seed 0
-METRICS = ("per_token_us_p50", "per_token_us_p99", "verify_us_p50", "chunk_us_p50", "chunk_us_p99",
+METRICS = ("per_token_us_p50", "per_token_us_p99", "verify_us_p50", "pass_cost_us_p50", "chunk_us_p50", "chunk_us_p99",
            "spec_chunk_us_p50", "spec_tokens_per_pass", "spec_equals_greedy", "max_abs_logit_diff",
            "teacher_forced_agreement", "token_agreement", "action_rmse_rad")
 
@@ -91,15 +94,17 @@ def measure(engine, policy, obs: np.ndarray, feats: np.ndarray, offsets: np.ndar
         samples.append(perf() - t0)
     out["per_token_us_p50"], out["per_token_us_p99"] = _us(samples[WARMUP:], 50), _us(samples[WARMUP:], 99)
 
-    out["verify_us_p50"] = {}
-    for k in VERIFY_KS:
-        toks = tuple(int(t) for t in ref_tokens[0, :k + 1])
+    out["pass_cost_us_p50"] = {}
+    for t in sorted({*PASS_TOKENS, *(k + 1 for k in VERIFY_KS)}):
+        toks = tuple(int(x) for x in ref_tokens[0, :t])
         samples = []
         for _ in range(WARMUP + n_iters):
             t0 = perf()
             engine.forward(None, toks, 1)
             samples.append(perf() - t0)
-        out["verify_us_p50"][str(k)] = _us(samples[WARMUP:], 50)
+        out["pass_cost_us_p50"][str(t)] = _us(samples[WARMUP:], 50)
+    out["verify_us_p50"] = {str(k): out["pass_cost_us_p50"][str(k + 1)] for k in VERIFY_KS}
+    out["pass_cost_us_p50"] = {str(t): out["pass_cost_us_p50"][str(t)] for t in PASS_TOKENS}
 
     # full chunks, target-only and speculative, one per observation (the first WARMUP decodes untimed)
     drafter, d = kinematic_drafter(policy.tokenizer), policy.cfg.n_joints
@@ -162,6 +167,17 @@ def _row_specs(backends, precisions, device: str, cuda_graphs: str) -> list[tupl
     return specs
 
 
+def _with_threads(specs, threads: int) -> list[tuple[str, str, bool, int]]:
+    """The row specs with their CPU threads: `threads` each, and the packed engine also on 2 (a pass shared by two
+    threads) when `threads` is 1."""
+    out = []
+    for backend, precision, graphs in specs:
+        out.append((backend, precision, graphs, threads))
+        if backend == "packed" and threads == 1:
+            out.append((backend, precision, graphs, 2))
+    return out
+
+
 def _open(policy, backend: str, precision: str, device: str, threads: int, graphs: bool, compile: bool = False):
     """load_engine, with the torch engine's CUDA-graph option on CUDA. Raises RuntimeError when graphs were
     asked for but capture failed (the engine would silently run eager)."""
@@ -204,7 +220,8 @@ def machine_info() -> dict:
     return info
 
 
-def bench_engines(policy=None, backends=("torch", "onnxruntime", "fused"), precisions=PRECISIONS, device: str = "cpu",
+def bench_engines(policy=None, backends=("torch", "onnxruntime", "fused", "packed"), precisions=PRECISIONS,
+                  device: str = "cpu",
                   n_obs: int = 100, json_out: str | Path | None = None, *, n_iters: int = 200, threads: int = 1,
                   cuda_graphs: str = "both", data_dir=None, quiet: bool = False, compile: bool = False) -> dict:
     """Measure every available combination; returns {"machine", "data", "reference", "rows"} (and writes
@@ -228,9 +245,9 @@ def bench_engines(policy=None, backends=("torch", "onnxruntime", "fused"), preci
                                                                  offsets)
         result["reference"]["seconds"] = round(time.perf_counter() - t0, 2)
     _save(result, json_out)
-    for backend, precision, graphs in specs:
+    for backend, precision, graphs, row_threads in _with_threads(specs, threads):
         row = {"backend": backend, "precision": precision, "device": device, "cuda_graphs": graphs,
-               "compiled": compile and backend == "torch",
+               "threads": row_threads, "compiled": compile and backend == "torch",
                **dict.fromkeys(METRICS), "fp8_kernel": None, "graphs_equal_eager": None,
                "error": None}
         t0 = time.perf_counter()
@@ -239,7 +256,7 @@ def bench_engines(policy=None, backends=("torch", "onnxruntime", "fused"), preci
             row["error"] = f"unavailable: {reason}"
         else:
             try:
-                engine = _open(policy, backend, precision, device, threads, graphs, compile)
+                engine = _open(policy, backend, precision, device, row_threads, graphs, compile)
                 metrics, greedy = measure(engine, policy, obs, feats, offsets, ref_tokens, ref_logits, n_iters)
                 row.update(metrics, fp8_kernel=getattr(engine, "fp8_kernel", None))
                 if graphs:  # exactness: the same tokens as the same engine without graphs
@@ -256,7 +273,7 @@ def bench_engines(policy=None, backends=("torch", "onnxruntime", "fused"), preci
         result["rows"].append(row)
         if not quiet:
             status = row["error"] or f"chunk p50 {row['chunk_us_p50']} us"
-            print(f"[{backend} {precision} {device} graphs={graphs}] {status}", file=sys.stderr)
+            print(f"[{backend} {precision} {device} graphs={graphs} threads={row_threads}] {status}", file=sys.stderr)
         _save(result, json_out)  # after every row: a run cut short by a timeout keeps what it measured
     return result
 
@@ -285,7 +302,8 @@ def table_rows(rows: list[dict]) -> tuple[list[str], list[list[str]]]:
     cells = []
     for r in rows:
         v = r.get("verify_us_p50") or {}
-        name = r["backend"] + ("+compile" if r.get("compiled") else "")
+        threads = r.get("threads") or 1
+        name = r["backend"] + ("+compile" if r.get("compiled") else "") + (f" x{threads}" if threads > 1 else "")
         cells.append([name, r["precision"], r["device"], "on" if r["cuda_graphs"] else "off",
                       _fmt(r["per_token_us_p50"]), _fmt(r["per_token_us_p99"]),
                       *[_fmt(v.get(str(k))) for k in VERIFY_KS],
@@ -366,14 +384,24 @@ def headline(rows: list[dict]) -> list[str]:
             lines.append(f"torch cuda {precision}: CUDA graphs {gt:.1f} vs eager {et:.1f} us per token "
                          f"(x{et / gt:.1f}), chunk {g['chunk_us_p50'] / 1e3:.3f} vs {e['chunk_us_p50'] / 1e3:.3f} "
                          f"ms; greedy chunks identical to eager: {same if same is not None else 'not checked'}")
+    for r in rows:
+        cost = r.get("pass_cost_us_p50")
+        if cost and not r["error"] and r["device"] == "cpu":
+            curve = " ".join(f"{t}:{cost[t] / cost['1']:.2f}" for t in cost)
+            lines.append(f"{r['backend']} {r['precision']} on {r.get('threads') or 1} thread(s): a pass of t tokens "
+                         f"costs x(t:ratio) a single-token pass ({cost['1']:.0f} us): {curve}; a verify pass of 5 "
+                         f"tokens x{cost['5'] / cost['1']:.2f} (goal <= 1.5: "
+                         f"{'MET' if cost['5'] <= 1.5 * cost['1'] else 'NOT met'}); speculative k={SPEC_K} chunk "
+                         f"x{r['chunk_us_p50'] / r['spec_chunk_us_p50']:.2f} its target-only")
     return lines or ["no torch fp8 row measured"]
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="edgeinfer bench engines", description=__doc__.split("\n")[0])
     ap.add_argument("--device", default="cpu", help="cpu or cuda[:i] (default cpu)")
-    ap.add_argument("--backends", default="torch,onnxruntime,fused",
-                    help="engine rows: comma separated (default torch,onnxruntime,fused)")
+    ap.add_argument("--backends", default="torch,onnxruntime,fused,packed",
+                    help="engine rows: comma separated (default torch,onnxruntime,fused,packed; packed runs on 1 and 2 "
+                         "threads)")
     ap.add_argument("--precisions", default=",".join(PRECISIONS),
                     help=f"engine rows: comma separated (default {','.join(PRECISIONS)}; each backend runs those it "
                          "builds: int8 on onnxruntime, bf16 and fp8 on torch)")

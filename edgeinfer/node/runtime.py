@@ -31,7 +31,7 @@ from edgeinfer.core.scheduler import SchedulerConfig, TickPlanner
 from edgeinfer.core.speculative import DecodeResult, speculative_decode
 from edgeinfer.core.wire import ActionChunk, Observation, ObservationMismatch
 from edgeinfer.engines.drafters import DRAFTERS, applicable_drafters, make_drafter
-from edgeinfer.engines.paths import DEFAULT_POLICY, MAX_WEIGHTS_MB
+from edgeinfer.engines.paths import DEFAULT_POLICY, MAX_WEIGHTS_MB, resolve_policy, serve_defaults
 from edgeinfer.engines.tokenizer import decode_chunk
 from edgeinfer.node.faults import FaultConfig
 
@@ -48,17 +48,21 @@ class RuntimeConfig:
     """The runtime node: the policy it serves, the engine the target runs on (edgeinfer.engines.engine), how
     chunks are decoded and verified, and its liveliness and status messages."""
 
-    policy: Path = DEFAULT_POLICY  # the policy's manifest JSON: the built-in policy, or a factory (engines/factory.py)
+    # The policy's manifest JSON (the built-in policy, or a factory: engines/factory.py), or a shipped policy's name:
+    # default, large (3.2 M parameters), dct. Its manifest's "serve" table may recommend a drafter and threads, used
+    # where those are not given (the large policy: its learned drafter, on two threads).
+    policy: Path = DEFAULT_POLICY
     # the preset: ultrafast (exact: backend auto, fp32, speculative, kinematic drafter, greedy acceptance, any of those
     # set otherwise refused) or standard (the fields as given)
     mode: Literal["ultrafast", "standard"] = "standard"
     # the engine the target runs on (auto: the fastest exact fp32 engine here, measured at start-up, engines/auto.py)
-    backend: Literal["auto", "torch", "onnxruntime", "tensorrt", "fused"] = "auto"
+    backend: Literal["auto", "torch", "onnxruntime", "tensorrt", "fused", "packed"] = "auto"
     precision: Literal["fp32", "bf16", "fp8", "int8"] = "fp32"  # the engine's precision (bf16, fp8, int8: LOSSY)
     device: str = "cpu"  # the engine's device (cpu, cuda, cuda:1, ...)
     decode: Literal["speculative", "target-only"] = "speculative"  # draft and verify, or the target alone
     # a drafter by name, or "auto": every drafter that applies to the policy, the scheduler choosing one per chunk
-    drafter: str = "kinematic"
+    # (None: the one the policy's manifest recommends, else kinematic)
+    drafter: str | None = None
     # the acceptance rule: greedy (exact), sampling (exact in distribution: temperature, top_p, seed) or relaxed
     # (LOSSY: drafts kept within relax_bins bins of the target's choice); edgeinfer.core.acceptance
     acceptance: Literal["greedy", "sampling", "relaxed"] = "greedy"
@@ -68,7 +72,9 @@ class RuntimeConfig:
     relax_bins: int = 1  # relaxed acceptance: a draft within this many bins of the target's choice is kept
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)  # the deadline planner
     warmup_chunks: int = 30  # untimed decodes before the start (fills the planner's cost estimates)
-    threads: int = 1  # intra-op threads of the engine
+    # CPU threads of the engine (intra-op for torch and onnxruntime; the packed engine uses at most 2: a pass shared by
+    # two threads); None: what the policy's manifest recommends, else 1
+    threads: int | None = None
     # Start a new chunk at most every this many observations; the chunk horizon covers the gap, and the idle time
     # is left to the control loop (None: one chunk step, the policy's stride_ticks: 5 ticks, 20 ms, for the Schunk
     # policy at 250 Hz; 1 tick for a policy trained at 30 Hz with one tick per step).
@@ -108,11 +114,16 @@ class RuntimeConfig:
     echo_endpoint: str | None = None
 
     def __post_init__(self):
-        self.policy = Path(self.policy)
+        self.policy = resolve_policy(self.policy)
+        recommended = serve_defaults(self.policy)  # what the policy's manifest recommends for itself
         if self.mode not in MODES:
             raise ValueError(f"RuntimeConfig.mode must be one of {MODES}, got {self.mode!r}")
-        if self.mode == "ultrafast":
-            self._apply_preset(ULTRAFAST)
+        if self.mode == "ultrafast":  # the manifest's drafter (exact too) replaces the preset's
+            self._apply_preset({**ULTRAFAST, **{k: v for k, v in recommended.items() if k in ULTRAFAST}})
+        if self.drafter is None:
+            self.drafter = recommended.get("drafter", "kinematic")
+        if self.threads is None:
+            self.threads = recommended.get("threads", 1)
         if self.backend == "auto" and self.precision != "fp32":
             raise ValueError(f"RuntimeConfig: backend 'auto' runs exact engines only (fp32); precision "
                              f"{self.precision!r} is lossy: name its backend (torch for bf16 or fp8, onnxruntime "
