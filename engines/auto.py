@@ -14,10 +14,21 @@
 
 The choice travels to the run report as integer counters of the runtime's Stats (choice_counters), decoded on the
 other side by choice_from_counters: the report's "engine_choice" section (sim/report.py).
+
+Cache: open_auto keeps each choice in $EDGEINFER_CACHE_DIR/engine_choice (default ~/.cache/edgeinfer), keyed by
+the policy's weights (sha256), device, threads, drafter, k, the candidates, this machine's CPU model and core count,
+and the versions of numba, torch, onnxruntime and edgeinfer: a later start with the same key opens the chosen engine
+alone (no probes: ~0.1-1 s instead of seconds), and says so ("cached" in the choice). A change of any of those
+measures again; EDGEINFER_CACHE_DIR=off never reads or writes the cache.
 """
 from __future__ import annotations
 
+import hashlib
+import importlib.metadata
+import json
+import os
 import time
+from pathlib import Path
 from typing import Callable
 
 import numpy as np
@@ -168,7 +179,7 @@ _KINDS = ("unavailable", "build error", "not exact")
 def choice_counters(choice: dict) -> dict[str, int]:
     """The choice dict of choose_engine as integer counters under PREFIX (times in us)."""
     out = {f"{PREFIX}chosen.{choice['chosen']}": 1, f"{PREFIX}start_up_ms": round(choice["start_up_s"] * 1e3),
-           f"{PREFIX}probes": choice["probes"]}
+           f"{PREFIX}probes": choice["probes"], f"{PREFIX}cached": int(bool(choice.get("cached")))}
     for name, f in choice["candidates"].items():
         out |= {f"{PREFIX}{name}.chunk_us_p50": round(f["chunk_ms_p50"] * 1e3),
                 f"{PREFIX}{name}.chunk_us_p90": round(f["chunk_ms_p90"] * 1e3),
@@ -182,7 +193,7 @@ def choice_counters(choice: dict) -> dict[str, int]:
 def choice_from_counters(counters: dict[str, int]) -> dict | None:
     """The report's view of choice_counters (None when the runtime did not choose): chosen, start_up_ms, probes,
     candidates {name: {chunk_ms_p50, chunk_ms_p90, exact, mismatched_tokens, k (0: target-only was faster)}},
-    excluded {name: kind}."""
+    excluded {name: kind}, cached (the choice came from the cache: no probes ran at this start)."""
     mine = {k[len(PREFIX):]: v for k, v in counters.items() if k.startswith(PREFIX)}
     chosen = [k.split(".", 1)[1] for k in mine if k.startswith("chosen.")]
     if not chosen:
@@ -196,7 +207,7 @@ def choice_from_counters(counters: dict[str, int]) -> dict | None:
         elif head and not key.startswith("chosen."):
             cands.setdefault(head, {})[tail] = value
     return {"chosen": chosen[0], "statistic": STATISTIC, "start_up_ms": mine.get("start_up_ms"),
-            "probes": mine.get("probes"),
+            "probes": mine.get("probes"), "cached": bool(mine.get("cached")),
             "candidates": {n: {"chunk_ms_p50": f["chunk_us_p50"] / 1e3, "chunk_ms_p90": f["chunk_us_p90"] / 1e3,
                                "exact": f["mismatched_tokens"] == 0, "mismatched_tokens": f["mismatched_tokens"],
                                "k": f.get("k")}
@@ -204,12 +215,69 @@ def choice_from_counters(counters: dict[str, int]) -> dict | None:
             "excluded": dict(sorted(excluded.items()))}
 
 
-def open_auto(policy, device: str = "cpu", threads: int = 1, drafter="kinematic", k: int = 4, **options):
+def open_auto(policy, device: str = "cpu", threads: int = 1, drafter="kinematic", k: int = 4, cache: bool = True,
+              **options):
     """choose_engine with the runtime's engine opener (engines/served.py open_engine); drafter: a Drafter, a
-    drafter's name (engines/drafters.py) or None (target-only). Returns (engine, choice dict)."""
+    drafter's name (engines/drafters.py) or None (target-only). With `cache`, a choice made before with the same key
+    (module docstring) is reused: only its engine is opened. Returns (engine, choice dict; "cached": the cache
+    file the choice came from, else None)."""
     from edgeinfer.engines.drafters import make_drafter
     from edgeinfer.engines.served import open_engine
 
     if isinstance(drafter, str):
         drafter = make_drafter(drafter, policy)
-    return choose_engine(policy, open_engine, device, threads, drafter, k, **options)
+    names = options.get("names") or candidates(device)
+    path = choice_cache_file(policy, device, threads, drafter, k, names) if cache else None
+    cached = _read_choice(path)
+    if cached is not None and cached["chosen"] in names and unavailable_reason(cached["chosen"], device) is None:
+        t0 = time.perf_counter()
+        engine = open_engine(policy, cached["chosen"], "fp32", device, threads)
+        return engine, {**cached, "cached": str(path), "start_up_s": round(time.perf_counter() - t0, 3)}
+    engine, choice = choose_engine(policy, open_engine, device, threads, drafter, k, **options)
+    if path is not None:
+        try:  # written whole, then renamed: a reader never sees half a file
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(choice, indent=1))
+            tmp.replace(path)
+        except OSError:  # a read-only home: every start measures, as before
+            pass
+    return engine, {**choice, "cached": None}
+
+
+def choice_cache_file(policy, device: str, threads: int, drafter, k: int, names: list[str]) -> Path | None:
+    """The cache file of a choice (module docstring), or None when the policy has no weights hash or the cache is
+    off (EDGEINFER_CACHE_DIR=off)."""
+    root = os.environ.get("EDGEINFER_CACHE_DIR")
+    sha = (getattr(policy, "manifest", None) or {}).get("sha256")
+    if root == "off" or not sha:
+        return None
+    cpu = next((line.split(":", 1)[1].strip() for line in _cpuinfo() if line.startswith("model name")), "unknown")
+    versions = {}
+    for dist in ("numba", "torch", "onnxruntime", "edgeinfer"):
+        try:
+            versions[dist] = importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            versions[dist] = None
+    key = {"policy": sha, "device": device, "threads": threads, "drafter": getattr(drafter, "name", None), "k": k,
+           "candidates": list(names), "cpu": cpu, "cores": os.cpu_count(), "versions": versions}
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:24]
+    return Path(root or Path.home() / ".cache" / "edgeinfer") / "engine_choice" / f"{digest}.json"
+
+
+def _cpuinfo() -> list[str]:
+    try:
+        return Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return []
+
+
+def _read_choice(path: Path | None) -> dict | None:
+    """A cached choice dict, or None (no file, or one that does not parse as a choice: measured again)."""
+    if path is None or not path.is_file():
+        return None
+    try:
+        choice = json.loads(path.read_text())
+        return choice if isinstance(choice, dict) and isinstance(choice.get("chosen"), str) else None
+    except (OSError, ValueError):
+        return None

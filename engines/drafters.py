@@ -168,7 +168,22 @@ class ModelDrafter:
             self.passes += 1
 
     def propose(self, tokens: Sequence[int], k: int) -> list[int]:
+        run = getattr(self.engine, "greedy_run", None)
+        if self.max_passes is None and run is not None and 0 < len(tokens) and len(tokens) + k <= len(self._rows) - 1:
+            return self._draft_run(tokens, k, run)
         return self._draft(tokens, k, lambda row: int(row.argmax()), self.max_passes or k)
+
+    def _draft_run(self, tokens: Sequence[int], k: int, run) -> list[int]:
+        """The model's autoregressive drafts in ONE engine call (Engine.greedy_run: k passes back to back): sync
+        the cache to tokens[:-1], then passes at positions n..n+k-1 (n = len(tokens)) each feeding the token
+        before. Those passes write the cache past n - 1 without logits rows, so `_fed` stops at n - 1."""
+        self._prefill()
+        seq = list(tokens)
+        self._sync(seq[:-1])
+        drafts = run(seq, k)
+        del self._fed[len(seq) - 1:]
+        self.passes += k
+        return drafts
 
     def propose_dist(self, tokens, k, warp, rng):
         """Drafts sampled from q_i = softmax(warp(logits_i)); returns (drafts, q (k, n_bins) float64)."""

@@ -1,5 +1,7 @@
 """`backend="auto"` (engines/auto.py): the fastest exact engine by measured chunk time, every exclusion with its
 reason, the mode/precision rules of RuntimeConfig, and the choice in a real replay's report."""
+import json
+
 import numpy as np
 import pytest
 from rich.console import Console
@@ -154,3 +156,32 @@ def test_the_choice_reaches_a_real_replays_report(tmp_path):
     assert report["engine"].startswith(f"{c['chosen']} (auto)")
     assert c["start_up_ms"] > 0 and c["probes"] > 0
     assert np.isfinite(c["candidates"][c["chosen"]]["chunk_ms_p90"])
+
+
+def test_the_choice_is_cached_per_policy_and_machine_and_reused_without_probes(policy, tmp_path, monkeypatch):
+    """open_auto keeps its choice under EDGEINFER_CACHE_DIR: the next start with the same key opens the chosen engine
+    alone (choose_engine is not called), a different key (threads) measures again, a corrupt file is measured over,
+    and EDGEINFER_CACHE_DIR=off neither reads nor writes."""
+    from edgeinfer.engines import auto
+
+    monkeypatch.setenv("EDGEINFER_CACHE_DIR", str(tmp_path))
+    names = ["fused", "torch"]
+    engine, first = auto.open_auto(policy, "cpu", 1, "kinematic", 4, n_probes=3, names=names)
+    files = list((tmp_path / "engine_choice").glob("*.json"))
+    assert first["cached"] is None and len(files) == 1
+    measured = auto.choose_engine
+    monkeypatch.setattr(auto, "choose_engine", lambda *a, **k: pytest.fail("measured again despite the cache"))
+    engine, again = auto.open_auto(policy, "cpu", 1, "kinematic", 4, n_probes=3, names=names)
+    assert again["cached"] == str(files[0]) and again["chosen"] == first["chosen"] == engine.backend
+    assert again["candidates"] == first["candidates"] and again["probes"] == first["probes"]
+    counters = auto.choice_counters(again)
+    assert auto.choice_from_counters(counters)["cached"] is True
+    monkeypatch.setattr(auto, "choose_engine", measured)
+    _, other = auto.open_auto(policy, "cpu", 2, "kinematic", 4, n_probes=3, names=names)  # another key
+    assert other["cached"] is None and len(list((tmp_path / "engine_choice").glob("*.json"))) == 2
+    files[0].write_text("{not json")
+    _, remeasured = auto.open_auto(policy, "cpu", 1, "kinematic", 4, n_probes=3, names=names)
+    assert remeasured["cached"] is None and json.loads(files[0].read_text())["chosen"] == remeasured["chosen"]
+    monkeypatch.setenv("EDGEINFER_CACHE_DIR", "off")
+    _, off = auto.open_auto(policy, "cpu", 1, "kinematic", 4, n_probes=3, names=names)
+    assert off["cached"] is None and auto.choice_cache_file(policy, "cpu", 1, None, 4, names) is None

@@ -277,12 +277,12 @@ def _open(policy, stack: Stack, device: str, threads: int):
 def _open_auto(policy, device: str, threads: int):
     """(engine, choice dict) from engines/auto.py, as the runtime's ultrafast preset opens it (node/runtime.py):
     measured with the preset's drafter (or the one the policy's manifest recommends) at min(k_max, PROBE_K), on the
-    threads the manifest recommends when the run's are the default 1."""
+    threads the manifest recommends when the run's are the default 1; measured afresh (never the cached choice)."""
     from edgeinfer.engines.auto import PROBE_K, open_auto
 
     serve = serve_defaults(policy.path) if getattr(policy, "path", None) else {}
     return open_auto(policy, device, serve.get("threads", threads) if threads == 1 else threads,
-                     serve.get("drafter", _preset_drafter()), min(SchedulerConfig().k_max, PROBE_K))
+                     serve.get("drafter", _preset_drafter()), min(SchedulerConfig().k_max, PROBE_K), cache=False)
 
 
 def _preset_drafter() -> str:
