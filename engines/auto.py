@@ -232,7 +232,8 @@ def open_auto(policy, device: str = "cpu", threads: int = 1, drafter="kinematic"
     if cached is not None and cached["chosen"] in names and unavailable_reason(cached["chosen"], device) is None:
         t0 = time.perf_counter()
         engine = open_engine(policy, cached["chosen"], "fp32", device, threads)
-        return engine, {**cached, "cached": str(path), "start_up_s": round(time.perf_counter() - t0, 3)}
+        return engine, {**cached, "cached": str(path), "start_up_s": round(time.perf_counter() - t0, 3),
+                        "why": f"{cached.get('why', '')} (measured at an earlier start, cached in {path})"}
     engine, choice = choose_engine(policy, open_engine, device, threads, drafter, k, **options)
     if path is not None:
         try:  # written whole, then renamed: a reader never sees half a file
