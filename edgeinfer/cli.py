@@ -7,7 +7,7 @@ import signal
 import sys
 from pathlib import Path
 
-from edgeinfer.core.commands import COMMANDS, config_classes
+from edgeinfer.core.commands import COMMANDS, SLO_INVALID_EXIT, config_classes
 from edgeinfer.core.config import add_options, build, expand_bool_flags, load_launch
 from edgeinfer.core.lifecycle import raise_interrupt
 
@@ -31,22 +31,100 @@ def _arguments(p: argparse.ArgumentParser, command: str) -> None:
         p.add_argument("--alpha", type=float, default=0.05, help="per-figure significance level (default: 0.05)")
 
 
+# the options a user reaches for first, listed at the top of `--help` (and in its usage line), in this order
+FIRST_OPTIONS = ("--log", "--policy", "--out", "--budget-ms", "--deadline-ms", "--decode", "--backend", "--slo",
+                 "--duration-s", "--endpoint", "--curve-dir", "--data", "--held-out", "--target")
+HIDDEN_COMMANDS = ("fleet-robots",)  # internal: a node of `edgeinfer fleet-replay`, not listed by -h
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return f"edgeinfer {version('edgeinfer')}"
+    except PackageNotFoundError:
+        return "edgeinfer (not installed)"
+
+
+def _first_options_on_top(p: argparse.ArgumentParser) -> None:
+    """Move FIRST_OPTIONS into a group of their own at the top of -h, and into the usage line."""
+    by_option = {s: a for a in p._actions for s in a.option_strings}
+    first = [by_option[o] for o in FIRST_OPTIONS if o in by_option]
+    if not first:
+        return
+    group = p.add_argument_group("the options used most (the rest, grouped by component, below)")
+    for action in first:
+        for g in p._action_groups:
+            if action in g._group_actions:
+                g._group_actions.remove(action)
+        group._group_actions.append(action)
+        action.generated = False  # shown in the usage line
+    p._action_groups.remove(group)
+    p._action_groups.insert(2, group)  # after positional arguments and -h
+    rest = [a for a in p._actions if a not in first]
+    hand_written = [a for a in rest if not getattr(a, "generated", False)]
+    p._actions[:] = hand_written + first + [a for a in rest if a not in hand_written]  # the usage line's order
+
+
+def _suggest(p: argparse.ArgumentParser, unknown: list[str]) -> None:
+    """Refuse the first unknown option by name, with the closest known one (difflib: argparse's own
+    suggest_on_error is Python 3.14's), in the usage of the command it was given to. Exits 2."""
+    import difflib
+
+    words = [u for u in unknown if u.startswith("-")] or unknown
+    word = words[0].split("=", 1)[0]
+    known = [s for a in p._actions for s in a.option_strings if a.help is not argparse.SUPPRESS]
+    close = difflib.get_close_matches(word, known, n=1, cutoff=0.6)
+    p.error(f"unrecognized argument {word}" + (f"; did you mean {close[0]}?" if close else
+                                                f" (`{p.prog} -h` lists the options)"))
+
+
+def _option_error(e: OSError, p: argparse.ArgumentParser | None, args) -> str | None:
+    """An OSError about a path or endpoint a command-line option gave, as one line naming that option."""
+    if e.filename is None or p is None:
+        return None
+    name = str(e.filename)
+    options = {a.dest: a.option_strings[0] for a in p._actions if a.option_strings}
+    for dest, value in vars(args).items():
+        if dest not in options or not isinstance(value, (str, Path)) or not str(value):
+            continue
+        if name != str(value) and not name.startswith(str(value).rstrip("/") + "/"):
+            continue
+        if isinstance(e, FileExistsError) and not Path(name).is_dir():
+            why = f"a file is in the way of the folder {options[dest]} names; give a folder (created when missing)"
+        elif isinstance(e, FileNotFoundError) and name == str(value):
+            why = "no such file or folder (or its parent folder cannot be created)"
+        elif isinstance(e, NotADirectoryError):
+            why = "a file where a folder should be"
+        else:  # an endpoint's error (transport.EndpointError) says what and why already
+            why = getattr(e, "text", None) or (e.strerror or str(e)).lower()
+        return f"{options[dest]} {value}: {why}"
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     chosen = argv[0] if argv else None
 
     parser = argparse.ArgumentParser(prog="edgeinfer", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser.add_argument("--version", action="version", version=_version())
+    listed = [c for c in COMMANDS if c not in HIDDEN_COMMANDS]
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{" + ",".join(listed) + "}")
+    subparsers = {}
     for command, spec in COMMANDS.items():  # core.commands: the one list of commands
-        p = sub.add_parser(command, help=spec.help, description=spec.description)
+        help_ = {} if command in HIDDEN_COMMANDS else {"help": spec.help}
+        p = subparsers[command] = sub.add_parser(command, description=spec.description or spec.help, **help_)
         _arguments(p, command)
         if command == chosen:  # only the command being run imports its config classes: most never import torch
             add_options(p, *config_classes(command))
+            _first_options_on_top(p)
             argv = argv[:1] + expand_bool_flags(p, argv[1:])  # a bool option alone means true
     if argv[:1] == ["bench"] and argv[1:2] in (["engines"], ["spec"], ["transport"], ["anytime"], ["fleet"]):  # own -h
         args = argparse.Namespace(command="bench", suite=argv[1], rest=argv[2:])
     else:
-        args = parser.parse_args(argv)
+        args, unknown = parser.parse_known_args(argv)
+        if unknown:
+            _suggest(subparsers[args.command], unknown)
         args.suite, args.rest = None, argv[1:]
     if args.command == "bench":  # SIGTERM as Ctrl-C: the benches' cleanup runs, and their child processes end
         signal.signal(signal.SIGTERM, raise_interrupt)
@@ -58,6 +136,8 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, OSError, TimeoutError, RuntimeError, KeyError) as e:
         # configuration, data and start-up errors already name their field, file or process: no traceback
         text = e.args[0] if isinstance(e, KeyError) and e.args else e  # KeyError's str() adds quotes
+        if isinstance(e, OSError):
+            text = _option_error(e, subparsers.get(args.command), args) or text
         print(f"edgeinfer {args.command}: error: {text}", file=sys.stderr)
         return 2
 
@@ -99,7 +179,12 @@ def _run(args, parser) -> int:
         print(f"wrote {cfg.out}/: {_outputs(cfg, report, 'runtime.log', 'control.log')}")
         if report["interrupted"]:
             return 130
-        return 0 if all(code == 0 for code in report["process_exit_codes"].values()) else 1
+        if not all(code == 0 for code in report["process_exit_codes"].values()):
+            return 1
+        if (report.get("slo") or {}).get("verdict") == "INVALID":
+            print(f"edgeinfer replay: SLO {cfg.slo!r} INVALID: exit code {SLO_INVALID_EXIT}", file=sys.stderr)
+            return SLO_INVALID_EXIT
+        return 0
     if args.command == "launch":
         from edgeinfer.launch import LaunchConfig, launch
 

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from edgeinfer.core import transport
@@ -105,7 +106,7 @@ class Launch:
 
     def _say(self, node: Node, text: str, style: str = "") -> None:
         self.console.print(f"[bold]{node.spec.command}[/bold] (pid {node.pid}): "
-                           + (f"[{style}]{text}[/]" if style else text))
+                           + (f"[{style}]{escape(text)}[/]" if style else escape(text)))
 
     def start(self) -> None:
         """Start each node, then wait for it to be ready before the next. Raises RuntimeError naming the
@@ -211,7 +212,7 @@ def launch(path: Path, cfg: LaunchConfig | None = None, console: Console | None 
                 console.print("[yellow]interrupted: tearing down[/yellow]")
                 code = 130
             except (RuntimeError, TimeoutError) as e:
-                console.print(f"[red]{e}[/red]")
+                console.print(f"[red]{escape(str(e))}[/red]")
                 code = 1
             finally:
                 signals.ignore()  # a second Ctrl-C must not cut the teardown short

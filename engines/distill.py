@@ -25,8 +25,8 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
-from rich.progress import Progress
 
+from edgeinfer.core.progress import Progress, say
 from edgeinfer.engines.drafters import early_exit_policy
 from edgeinfer.engines.evaluate import greedy_decode_batch
 from edgeinfer.engines.fit_data import SCHUNK_DATA, FitData, load_fit_data
@@ -171,6 +171,8 @@ def distill(target: Policy, cfg: DistillConfig) -> Policy:
     data = target_data(target, cfg)
     feats, _ = data.windows("train", target.cfg.horizon, target.cfg.stride_ticks)
     x = torch.as_tensor(target.normalise(feats))
+    say(None, f"distill: labelling {len(x)} training windows with the target's greedy chunks and log-probabilities "
+              "(minutes for a large target)")
     y = target_tokens(target.model, x)
     log_p_all = teacher_log_probs(target.model, x, y)
     label_s = time.monotonic() - t0
@@ -178,8 +180,7 @@ def distill(target: Policy, cfg: DistillConfig) -> Policy:
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.01)
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=cfg.lr, total_steps=cfg.steps,
                                                 pct_start=warmup_fraction(cfg.steps))
-    with Progress() as progress:
-        task = progress.add_task("distilling draft", total=cfg.steps)
+    with Progress("distilling draft", total=cfg.steps) as progress:
         for _ in range(cfg.steps):
             idx = torch.as_tensor(rng.integers(0, len(x), cfg.batch_size))
             log_p = log_p_all[idx].float()
@@ -189,10 +190,11 @@ def distill(target: Policy, cfg: DistillConfig) -> Policy:
             loss.backward()
             opt.step()
             sched.step()
-            progress.update(task, advance=1, description=f"distilling draft  KL {loss.item():.3f}")
+            progress.advance(detail=f"KL {loss.item():.3f}")
     model.eval()
     ho_feats, _ = data.windows("held_out", target.cfg.horizon, target.cfg.stride_ticks)
     ho_x = torch.as_tensor(target.normalise(ho_feats))
+    say(None, f"distill: measuring the draft on {len(ho_x)} held-out windows")
     agree = agreement(model, ho_x, target_tokens(target.model, ho_x))
     metrics = {"windows": int(len(ho_x)), "teacher_forced_agreement": float(agree.mean()), "k": cfg.eval_k,
                **acceptance_at_k(agree, cfg.eval_k)}

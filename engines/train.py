@@ -21,8 +21,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from rich.console import Console
-from rich.progress import Progress
 
+from edgeinfer.core.progress import Progress, say
 from edgeinfer.engines.dataset import step_increments
 from edgeinfer.engines.dct_tokenizer import DctTokenizer
 from edgeinfer.engines.evaluate import evaluate_policy, heldout_lines
@@ -104,7 +104,7 @@ def train(cfg: TrainConfig, console: Console | None = None) -> Policy:
     console = console or Console()
     data = load_fit_data(cfg)
     for warning in data.warnings:
-        console.print(f"[yellow]data: {warning}[/yellow]")
+        say(console, f"data: {warning}", "yellow")
     cfg.out.parent.mkdir(parents=True, exist_ok=True)  # fail before training, not after, if it cannot be made
     stride = cfg.stride_ticks or default_stride_ticks(data.rate_hz)
     horizon = cfg.horizon or default_horizon(stride / data.rate_hz, data.n_joints)
@@ -124,8 +124,7 @@ def train(cfg: TrainConfig, console: Console | None = None) -> Policy:
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=cfg.lr, total_steps=cfg.steps,
                                                 pct_start=warmup_fraction(cfg.steps))
     t0 = time.monotonic()
-    with Progress(console=console) as progress:
-        task = progress.add_task("training target", total=cfg.steps)
+    with Progress("training target", total=cfg.steps, console=console) as progress:
         for _ in range(cfg.steps):
             idx = torch.as_tensor(rng.integers(0, len(x), cfg.batch_size))
             logits = model(x[idx], y[idx, :-1])  # position p predicts action token p
@@ -134,7 +133,7 @@ def train(cfg: TrainConfig, console: Console | None = None) -> Policy:
             loss.backward()
             opt.step()
             sched.step()
-            progress.update(task, advance=1, description=f"training target  loss {loss.item():.3f}")
+            progress.advance(detail=f"loss {loss.item():.3f}")
     model.eval()
     policy = Policy(model, tokenizer, mean, std, manifest={})
     ho_feats, ho_offsets, ho_units = data.windows("held_out", horizon, stride, with_units=True)

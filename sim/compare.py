@@ -270,6 +270,8 @@ def print_comparison(rows: list[dict], label_a: str, label_b: str, console=None)
     from rich.console import Console
     from rich.table import Table
 
+    from edgeinfer.sim.tables import whole_words
+
     console = console or Console()
     table = Table(title=f"edgeinfer compare: A = {label_a}, B = {label_b}")
     for col, justify in (("figure", "left"), ("A", "right"), ("B", "right"), ("B/A", "right"),
@@ -280,7 +282,7 @@ def print_comparison(rows: list[dict], label_a: str, label_b: str, console=None)
         unit = f" {r['unit']}" if r["unit"] else ""
         table.add_row(r["figure"] + unit, _fmt(r["a"]), _fmt(r["b"]), _fmt(r["ratio"]),
                       f"[{colour[r['verdict']]}]{r['verdict']}[/]", r["test"])
-    console.print(table)
+    console.print(whole_words(table))  # figures whole at 80 columns: the names and tests wrap instead
     return table
 
 

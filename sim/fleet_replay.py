@@ -31,6 +31,7 @@ from rich.console import Console
 from edgeinfer.core import transport
 from edgeinfer.core.clock import now_ns
 from edgeinfer.core.lifecycle import InterruptSignals
+from edgeinfer.core.progress import Progress, say
 from edgeinfer.core.wire import Hello, Start, Stop
 from edgeinfer.logs.arm_log import list_schunk_runs, split_of
 from edgeinfer.node.fleet_config import CONTROLLER, FleetConfig
@@ -169,7 +170,7 @@ def fleet_replay(cfg: FleetReplayConfig, console: Console | None = None) -> dict
         rt_nodes = [node_group.start(NodeSpec("fleet", (replace(cfg.fleet, endpoint=ep, report=cfg.out / f"{n}.json"),),
                                               n, cfg.out / f"{n}.log")) for n, ep in runtimes]
         controllers = [transport.dealer(ctx, ep, CONTROLLER) for _, ep in runtimes]
-        with console.status(f"starting {len(rt_nodes)} fleet runtime(s) (warm-up)"):
+        with Progress(f"fleet-replay: starting {len(rt_nodes)} fleet runtime(s) (warm-up)", console=console):
             _await_runtimes(controllers, rt_nodes, node_group, cfg.handshake_timeout_s)
         pub = transport.pub(ctx, start_ep)
         ready = transport.Receiver(transport.pull(ctx, ready_ep))
@@ -187,14 +188,14 @@ def fleet_replay(cfg: FleetReplayConfig, console: Console | None = None) -> dict
                 handshake_timeout_s=cfg.handshake_timeout_s)
             robot_nodes[gcfg.group] = (node_group.start(NodeSpec("fleet-robots", (gcfg,), gcfg.group,
                                                                  cfg.out / f"{gcfg.group}.log")), members)
-        with console.status(f"starting {len(groups)} robot group process(es)"):
+        with Progress(f"fleet-replay: starting {len(groups)} robot group process(es)", console=console):
             transport.wait_until_subscribed(pub, "fleet-replay", ready, set(robot_nodes), cfg.handshake_timeout_s,
                                             check=lambda: node_group.check_started([n for n, _ in
                                                                                     robot_nodes.values()]))
         t0 = now_ns() + START_MARGIN_NS
         transport.send(pub, Start(t0, first.period_ns, 0))
         end_s = max(joins) + (cfg.join_lead_ms + cfg.budget_ms + cfg.settle_ms) / 1e3 + cfg.duration_s
-        with console.status(f"{cfg.robots} robots replaying for {cfg.duration_s} s"):
+        with Progress(f"fleet-replay: {cfg.robots} robots replaying for {cfg.duration_s:g} s", console=console):
             killed = _supervise(robot_nodes, names, kills, t0, end_s + 30.0, node_group)
         drilled = {g for g, (_, members) in robot_nodes.items() if killed & set(members)}  # SIGKILLed on purpose
         exit_codes |= {g: node.returncode for g, (node, _) in robot_nodes.items()}
@@ -217,7 +218,7 @@ def fleet_replay(cfg: FleetReplayConfig, console: Console | None = None) -> dict
     console.print(f"wrote {cfg.out}/: fleet_report.json, robots/*.json{', fleet.png' if cfg.plots else ''}")
     print_fleet(report, console)
     for name, code in failed.items():  # last: a failed process is not to be missed above the table
-        console.print(f"[red]{name} process exited with code {code}; see {cfg.out / (name + '.log')}[/red]")
+        say(console, f"{name} process exited with code {code}; see {cfg.out / (name + '.log')}", "red")
     return report
 
 

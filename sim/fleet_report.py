@@ -19,6 +19,7 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
+from edgeinfer.core.progress import say
 from edgeinfer.core.wire import RUNGS
 from edgeinfer.sim.stats import clopper_pearson_interval, latency_summary_ms
 
@@ -127,7 +128,7 @@ def print_fleet(report: dict, console: Console) -> None:
     console.print(table)
     s = report["fleet"]
     for name, reason in s["refused"].items():
-        console.print(f"{name} {reason}")
+        say(console, f"{name} {reason}")
     console.print(f"fleet: {s['admitted']}/{s['robots']} admitted, {len(s['refused'])} refused, "
                   f"{len(s['killed'])} killed; attainment worst {_pct(s['worst_attainment'])} %, pooled "
                   f"{_pct(s['pooled_attainment'])} %; misses {s['misses']}/{s['steady_ticks']} ticks; "

@@ -35,9 +35,11 @@ from typing import Literal
 import numpy as np
 import zmq
 from rich.console import Console
+from rich.markup import escape
 
 from edgeinfer.core import clock, transport
 from edgeinfer.core.lifecycle import InterruptSignals
+from edgeinfer.core.progress import say
 from edgeinfer.core.telemetry import stats_summary
 from edgeinfer.core.wire import Stop
 from edgeinfer.engines.paths import DEFAULT_POLICY
@@ -155,10 +157,18 @@ def hil_serve_command(cfg: HilConfig, robot: str, bind: str = "0.0.0.0") -> str:
     the two hosts' monotonic clocks are unrelated, so an observation's age cannot be read there."""
     _, port = parse_endpoint(cfg.endpoint)
     at = lambda h, name: f"tcp://{h}:{port + PORT_MAP[name]}"  # noqa: E731
-    curve = f" --curve {cfg.curve}" + (f" --curve-dir {cfg.curve_dir}" if cfg.curve_dir else "")
+    # what this side decided (transport.Endpoints.curve_keys), spelt out: the runtime binds 0.0.0.0, where "auto"
+    # could decide otherwise, and the two sides must agree
+    curve = f" --curve on --curve-dir {cfg.curve_dir}" if _speaks_curve(cfg) else " --curve off"
     return (f"edgeinfer serve --chunks {at(bind, 'chunks')} --echo-endpoint {at(bind, 'echo')} "
             f"--obs {at(robot, 'obs')} --ready {at(robot, 'ready')} --status {at(robot, 'status')} "
             f"--commands {at(robot, 'commands')} --max-obs-age-ms 1e12{curve}")
+
+
+def _speaks_curve(cfg: HilConfig) -> bool:
+    """Whether this side's sockets use CURVE (Endpoints.curve_keys: keys given, or an endpoint off loopback)."""
+    return cfg.curve != "off" and (cfg.curve == "on" or cfg.curve_dir is not None
+                                   or not transport.is_loopback(cfg.endpoint))
 
 
 def hil(cfg: HilConfig, console: Console | None = None) -> dict:
@@ -182,12 +192,12 @@ def hil(cfg: HilConfig, console: Console | None = None) -> dict:
     limits = check_run_fits(log, policy, rcfg, deadline_ms)
     cfg.control.limits = limits.limits  # resolved (control/limits.py): the control node gets every value
     for warning in limits.warnings:
-        console.print(f"[yellow]limits: {warning}[/yellow]")
+        say(console, f"limits: {warning}", "yellow")
     stride, (ticks, _) = policy["stride_ticks"], replay_ticks(log, cfg.max_gap_s)
     ep, echo, robot = hil_endpoints(cfg)
     keys = ep.curve_keys()
     cfg.out.mkdir(parents=True, exist_ok=True)
-    console.print(f"hil: on the runtime host run: [bold]{hil_serve_command(cfg, robot)}[/bold]\n"
+    console.print(f"hil: on the runtime host run: [bold]{escape(hil_serve_command(cfg, robot))}[/bold]\n"
                   f"hil: waiting up to {cfg.handshake_timeout_s:g} s for it (--handshake-timeout-s)")
     timeout_ns = int(cfg.rtt_timeout_ms * 1e6)
     # before the control node starts: it neither inherits the baseline's priority nor loads it
@@ -214,10 +224,13 @@ def hil(cfg: HilConfig, console: Console | None = None) -> dict:
                           f"{cfg.endpoint}?") from None
         chunk_rx = transport.Receiver(transport.sub(ctx, ep.chunks, hwm=10_000, curve=keys), joints=log.n_joints)
         status_rx = transport.Receiver(transport.sub(ctx, ep.status, hwm=10_000, curve=keys))
+        def check() -> None:  # a CURVE mismatch with the runtime ends the wait at once, before the control loop's
+            transport.check_handshakes(chunk_rx.sock, status_rx.sock, cmd_rx.sock)
+            group.check_started([control])
         with console.status(f"waiting for the runtime at {cfg.endpoint} and the local control loop"):
             transport.wait_until_subscribed(obs_pub, "replayer", ready_rx, {"runtime", "control"},
-                                            cfg.handshake_timeout_s, check=lambda: group.check_started([control]))
-            transport.wait_for_hello([chunk_rx], cfg.handshake_timeout_s)
+                                            cfg.handshake_timeout_s, check=check)
+            transport.wait_for_hello([chunk_rx], cfg.handshake_timeout_s, check=check)
         realtime["control"] = sched_state(control.pid, cfg.control.realtime_priority)  # asked for when it opened
         with console.status(f"timing {cfg.rtt_before} network round trips to {echo}"):
             probe = roundtrip.connect(ctx, echo, keys)
@@ -261,9 +274,9 @@ def hil(cfg: HilConfig, console: Console | None = None) -> dict:
     report["harness"]["replayer_priority"] = None if rt_warning else cfg.replayer_priority
     report["host"] = host | {"realtime": realtime}
     if exit_code != 0:
-        console.print(f"[red]control process exited with code {exit_code}; see {cfg.out / 'control.log'}[/red]")
+        say(console, f"control process exited with code {exit_code}; see {cfg.out / 'control.log'}", "red")
     if rt_warning:
-        console.print(f"[yellow]replayer: {rt_warning}[/yellow]")
+        say(console, f"replayer: {rt_warning}", "yellow")
     # the stages timed on this host's clock (the runtime's are not comparable), as in report.json
     report["run_mcap"] = run_mcap_section(rec, log, report, per_tick | {"stages_ms": stages}, cfg, console)
     write_report(report, cfg.out)
@@ -283,7 +296,7 @@ def hil_nodes(cfg: HilConfig, ep: transport.Endpoints) -> list[NodeSpec]:
 
 def _start_prober(echo: str, cfg: HilConfig, out: Path) -> subprocess.Popen:
     argv = [sys.executable, "-m", "edgeinfer.sim.roundtrip", echo, str(cfg.rtt_period_ms), str(cfg.rtt_timeout_ms),
-            str(out), *([str(cfg.curve_dir)] if cfg.curve_dir is not None and cfg.curve != "off" else [])]
+            str(out), *([str(cfg.curve_dir)] if _speaks_curve(cfg) else [])]
     return subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, start_new_session=True)
 
 

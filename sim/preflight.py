@@ -18,6 +18,7 @@ from pathlib import Path
 from rich.console import Console
 
 from edgeinfer.control.limits import JointCountError, ResolvedLimits, resolve_limits
+from edgeinfer.core.progress import say
 from edgeinfer.engines.paths import TRAINED_DIR
 from edgeinfer.logs import detect_format
 from edgeinfer.logs.arm_log import ArmLog, LogError
@@ -89,8 +90,8 @@ def log_defaults(cfg: ReplayConfig, console: Console | None = None) -> tuple[dic
         section["episode_why"] = "the log is the policy's training dataset: its first held-out episode"
     section["taken"] = taken
     if console is not None and taken:
-        console.print(f"policy defaults from {cfg.runtime.policy}: {', '.join(f'{k}={v}' for k, v in taken.items())}"
-                      + (f" ({section['episode_why']}; --episode N for another)" if section["episode_why"] else ""))
+        say(console, f"policy defaults from {cfg.runtime.policy}: {', '.join(f'{k}={v}' for k, v in taken.items())}"
+            + (f" ({section['episode_why']}; --episode N for another)" if section["episode_why"] else ""))
     return taken | given, section
 
 

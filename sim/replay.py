@@ -31,7 +31,9 @@ from rich.console import Console
 
 from edgeinfer.core import clock, transport
 from edgeinfer.core.clock import SpinTail, now_ns
+from edgeinfer.core.extras import missing_line
 from edgeinfer.core.lifecycle import InterruptSignals
+from edgeinfer.core.progress import Progress, say
 from edgeinfer.core.telemetry import stats_summary
 from edgeinfer.core.wire import ActionChunk, JointCommand, Observation, Start, Stats, Stop, encode
 from edgeinfer.engines.engine import unavailable_reason
@@ -165,17 +167,20 @@ def replay(cfg: ReplayConfig, console: Console | None = None) -> dict:
     limits = check_run_fits(log, policy, cfg, deadline_ms)
     cfg.control.limits = limits.limits  # resolved (control/limits.py): the control node gets every value
     for warning in limits.warnings:
-        console.print(f"[yellow]limits: {warning}[/yellow]")
+        say(console, f"limits: {warning}", "yellow")
     if cfg.runtime.byo_spec is None and (reason := unavailable_reason(cfg.runtime.backend, cfg.runtime.device)):
         raise RuntimeError(f"backend {cfg.runtime.backend!r} on {cfg.runtime.device}: {reason}")
     stride = policy["stride_ticks"]
     # a gap of hours between two sessions of an export replays as max_gap_s, not in hours (reported)
     ticks, shortened = replay_ticks(log, cfg.max_gap_s)
     if shortened["count"]:
-        console.print(f"[yellow]log: {shortened['count']} gap(s) longer than --max-gap-s {cfg.max_gap_s:g} s replayed "
-                      f"as {cfg.max_gap_s:g} s ({shortened['ticks_removed'] * log.period_ns / 1e9:.1f} s of log time "
-                      f"cut; rows {shortened['rows']})[/yellow]")
+        say(console, f"log: {shortened['count']} gap(s) longer than --max-gap-s {cfg.max_gap_s:g} s replayed as "
+                     f"{cfg.max_gap_s:g} s ({shortened['ticks_removed'] * log.period_ns / 1e9:.1f} s of log time cut; "
+                     f"rows {shortened['rows']})", "yellow")
     cfg.out.mkdir(parents=True, exist_ok=True)
+    if cfg.run_mcap and (why := missing_line("logs", "run.mcap (--run-mcap false skips it)", ("mcap",))):
+        say(console, why, "yellow")  # said before the run; the file is skipped after it
+    say(console, start_up_line(cfg.runtime))  # before the nodes start: the wait for the first chunk is explained
     if cfg.pin_cpus:
         _assign_cpus(cfg)
     ep = transport.Endpoints.free_loopback()
@@ -203,10 +208,15 @@ def replay(cfg: ReplayConfig, console: Console | None = None) -> dict:
         ready_rx = transport.Receiver(transport.pull(ctx, ep.ready, bind=True))
         chunk_rx = transport.Receiver(transport.sub(ctx, ep.chunks, hwm=10_000), joints=log.n_joints)
         status_rx = transport.Receiver(transport.sub(ctx, ep.status, hwm=10_000))
-        with console.status(f"starting runtime ({cfg.runtime.decode}) and control processes"):
+        with Progress(f"starting runtime ({cfg.runtime.decode}) and control processes", console=console) as bar:
+            def check() -> None:  # every poll of the handshake, on this (the main) thread: elapsed time
+                group.check_started(procs)
+                bar.update()
             transport.wait_until_subscribed(obs_pub, "replayer", ready_rx, {"runtime", "control"},
-                                            cfg.handshake_timeout_s, check=lambda: group.check_started(procs))
+                                            cfg.handshake_timeout_s, check=check)
             transport.wait_for_hello([chunk_rx], cfg.handshake_timeout_s)
+        say(console, f"replaying {len(log)} observations at {log.rate_hz:.0f} Hz "
+                     f"(about {(int(ticks[-1]) + 1) * scaled_ms / 1e3 + cfg.pre_roll_ms / 1e3:.1f} s)")
         # both nodes have opened (the control loop asks for its priority there): what each one got
         realtime |= {"control": sched_state(procs[1].pid, cfg.control.realtime_priority),
                      "runtime": sched_state(procs[0].pid)}
@@ -251,9 +261,9 @@ def replay(cfg: ReplayConfig, console: Console | None = None) -> dict:
     report["observations"] = delivery_report(rec)
     for role, code in exit_codes.items():
         if code != 0:
-            console.print(f"[red]{role} process exited with code {code}; see {cfg.out / (role + '.log')}[/red]")
+            say(console, f"{role} process exited with code {code}; see {cfg.out / (role + '.log')}", "red")
     if rt_warning:
-        console.print(f"[yellow]replayer: {rt_warning}[/yellow]")
+        say(console, f"replayer: {rt_warning}", "yellow")
     report["run_mcap"] = run_mcap_section(rec, log, report, per_tick, cfg, console)  # after the run: not timed
     write_report(report, cfg.out)
     write_ticks(per_tick, cfg.out / "ticks.csv")
@@ -261,6 +271,21 @@ def replay(cfg: ReplayConfig, console: Console | None = None) -> dict:
         write_plots(report, per_tick, cfg.out)
     print_table([report], console)
     return report
+
+
+def start_up_line(runtime) -> str:
+    """What the runtime does before the first chunk, said before the replay waits for it (RuntimeConfig). The
+    fused engine's first compile on a 2-core EPYC VM: 14.4 s idle (issue 32), 53 s at load 5 (other jobs)."""
+    if runtime.null_policy:
+        return "runtime: starting (null policy)"
+    if runtime.byo_spec is not None:
+        return "runtime: loading the policy and warming it up"
+    if runtime.backend == "auto":
+        return ("runtime: compiling the fused engine (first run on this machine: 15-60 s) and timing each exact "
+                "engine to pick the fastest (a few seconds)")
+    if runtime.backend == "fused":
+        return "runtime: compiling the fused engine (first run on this machine: 15-60 s), then warming it up"
+    return f"runtime: loading the {runtime.backend} engine and warming it up"
 
 
 def _assign_cpus(cfg: ReplayConfig) -> None:

@@ -17,6 +17,8 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
+from edgeinfer.core.progress import say
+
 SCHEMA = "edgeinfer.replay/1"
 _MISSING = "-"
 
@@ -224,7 +226,12 @@ def _injected(report: dict) -> str:
         parts.append(f"stall {took:.1f} ms @row {stall.get('done_at_row')}" if took is not None
                      else f"stall asked @row {stall.get('at_row')}, not done")
     if isinstance(kill := inj.get("runtime_kill"), dict):
-        parts.append(f"kill @row {kill.get('done_at_row')}" + (" + restart" if kill.get("restarted") else ""))
+        restart = ""
+        if kill.get("restarted"):  # whether the new runtime served before the end (runtime_fault.recovered)
+            gap = report.get("runtime_fault") or {}
+            restart = (f" + restart, recovered in {gap['time_to_recover_ms']:.0f} ms" if gap.get("recovered")
+                       else " + restart: NOT recovered before the end of the run (runtime.restarted.log)")
+        parts.append(f"kill @row {kill.get('done_at_row')}{restart}")
     if inj.get("garbage_per_row"):
         parts.append(f"garbage {inj['garbage_per_row']}/row")
     return ", ".join(parts) or "none"
@@ -301,7 +308,7 @@ def print_table(reports: list[dict], console: Console | None = None) -> Table:
     for i, r in enumerate(reports):  # clamped commands and a log outside the limits: said, not only tabled
         for warning in _get(r, "safety", "warnings") or []:
             prefix = f"{_column_title(r, i)}: " if len(reports) > 1 else ""
-            console.print(f"[yellow]safety: {prefix}{warning}[/yellow]", highlight=False)
+            say(console, f"safety: {prefix}{warning}", "yellow")
     return table
 
 

@@ -38,6 +38,7 @@ import numpy as np
 from rich.markup import escape
 
 from edgeinfer.core.clock import now_ns
+from edgeinfer.core.extras import install_hint
 from edgeinfer.core.wire import RUNGS
 from edgeinfer.sim.metrics import OUTCOMES, measured_chunks, row_of_tick
 from edgeinfer.sim.received import NONE
@@ -135,7 +136,7 @@ def write_run_mcap(rec, log, report: dict, per_tick: dict, cfg, path: Path) -> d
     try:
         from mcap.writer import Writer
     except ImportError as e:
-        return {"file": None, "skipped": f"the mcap library is not installed ({e}): pip install 'edgeinfer[logs]'"}
+        return {"file": None, "skipped": f"the mcap library is not installed ({e}): {install_hint('logs')}"}
     t_start = time.perf_counter()
     path = Path(path)
     tmp = path.with_suffix(".mcap.tmp")

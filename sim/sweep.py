@@ -34,11 +34,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
+from edgeinfer.core.commands import SLO_INVALID_EXIT
 from edgeinfer.core.config import load, read_toml, to_argv
+from edgeinfer.core.extras import require
+from edgeinfer.core.progress import Progress, say
+from edgeinfer.logs import require_reader
 from edgeinfer.procs.nodes import run_to_exit
 from edgeinfer.procs.spec import NodeSpec
+from edgeinfer.sim.tables import whole_words
 
 CSV_COLUMNS = ("run", "log", "config", "status", "latency_p50_ms", "latency_p50_ci95_lo", "latency_p50_ci95_hi",
                "latency_p99_ms", "latency_p99_ci95_lo", "latency_p99_ci95_hi", "miss_rate", "miss_rate_upper95",
@@ -177,8 +183,9 @@ def plan(path: Path, out: Path | None = None) -> tuple[list[Run], Path]:
 
 def run_replay(argv: list[str], out: str, timeout_s: float) -> dict:
     """One `edgeinfer replay ARGV` node (procs.nodes.run_to_exit; stdout and stderr to OUT/replay.log). Returns
-    {"returncode" (None: timed out), "report" (OUT/report.json, or None), "error" (None when it exited 0: else the
-    CLI's error line or the log's tail), "wall_s"}. The body of each Ray task; never raises for a failed replay."""
+    {"returncode" (None: timed out), "report" (OUT/report.json, or None), "error" (None when it exited 0 or with
+    SLO_INVALID_EXIT: else the CLI's error line or the log's tail), "wall_s"}. The body of each Ray task; never
+    raises for a failed replay."""
     out_dir = Path(out)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "report.json").unlink(missing_ok=True)  # a report left by an earlier sweep must not pass for this one
@@ -187,7 +194,7 @@ def run_replay(argv: list[str], out: str, timeout_s: float) -> dict:
     report_path = out_dir / "report.json"
     report = json.loads(report_path.read_text()) if report_path.exists() else None
     error = None
-    if code != 0:
+    if code not in (0, SLO_INVALID_EXIT):  # an INVALID verdict is a result (the table's SLO column), not a failure
         lines = (out_dir / "replay.log").read_text(errors="replace").strip().splitlines()
         named = [ln for ln in lines if "error:" in ln]
         why = f"timed out after {timeout_s} s" if code is None else f"exit code {code}"
@@ -214,14 +221,14 @@ def sweep(path: Path, cfg: SweepConfig, console: Console | None = None) -> list[
     process, or a local Ray started here and stopped at the end); write OUT/sweep.json (rows with their reports)
     and OUT/sweep.csv; print the table. Returns the rows in plan order. Ctrl-C cancels the runs not finished and
     still writes the table (their rows: failed, "cancelled"). Raises ValueError for a bad sweep file or more CPUs
-    per task than any Ray node has, RuntimeError without Ray (`pip install edgeinfer[sweep]`)."""
+    per task than any Ray node has, core.extras.MissingExtra (a RuntimeError) without Ray (`pip install
+    'edgeinfer[sweep]'`) or a log's reader, before Ray starts."""
     console = console or Console()
     runs, out = plan(path, cfg.out)
-    try:
-        import ray
-    except ImportError:
-        raise RuntimeError("edgeinfer sweep needs Ray: pip install 'edgeinfer[sweep]'") from None
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    require("sweep", "edgeinfer sweep")  # before Ray starts: one line naming the extra
+    for log in sorted({r.log for r in runs}):
+        require_reader(log)
+    import ray
 
     started = not ray.is_initialized()
     if started and cfg.address:
@@ -238,10 +245,9 @@ def sweep(path: Path, cfg: SweepConfig, console: Console | None = None) -> list[
         pending = {task.remote(r.argv, str(r.out), cfg.replay_timeout_s): r for r in runs if not r.error}
         for r in runs:
             if r.error:
-                console.print(f"[red]{r.name}: not started: {r.error}[/red]")
-        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                      console=console, transient=True) as bar:
-            job = bar.add_task(f"sweep: {len(runs)} replays on Ray", total=len(runs), completed=len(results))
+                say(console, f"{r.name}: not started: {r.error}", "red")
+        with Progress(f"sweep: {len(runs)} replays on Ray", total=len(runs), console=console) as bar:
+            bar.update(len(results))
             try:
                 while pending:
                     done, _ = ray.wait(list(pending), num_returns=1, timeout=1.0)
@@ -252,8 +258,10 @@ def sweep(path: Path, cfg: SweepConfig, console: Console | None = None) -> list[
                         except ray.exceptions.RayError as e:  # the worker died, the task was cancelled, ...
                             results[r.name] = {"error": f"ray: {type(e).__name__}: {str(e).splitlines()[0]}"}
                         if err := results[r.name].get("error"):
-                            console.print(f"[red]{r.name}: failed: {err}[/red]")
-                        bar.advance(job)
+                            say(console, f"{r.name}: failed: {err}", "red")
+                        bar.advance()
+                    if not done:
+                        bar.update()  # elapsed time, while the runs run
             except KeyboardInterrupt:
                 for ref, r in pending.items():
                     ray.cancel(ref, force=True)
@@ -298,6 +306,6 @@ def print_rows(rows: list[dict], console: Console) -> Table:
         miss = ("-" if r["miss_rate"] is None
                 else f"{100 * r['miss_rate']:.2f} % (<= {100 * r['miss_rate_upper95']:.2f})")
         table.add_row(r["run"], "[green]ok[/green]" if r["status"] == "ok" else "[red]failed[/red]", ci["p50"],
-                      ci["p99"], miss, r["verdict"] or "-", r["error"] or "")
-    console.print(table)
+                      ci["p99"], miss, r["verdict"] or "-", escape(r["error"] or ""))  # a hint's [extra]
+    console.print(whole_words(table))  # figures whole at 80 columns (wrapped at spaces, never split)
     return table

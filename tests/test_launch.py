@@ -145,8 +145,10 @@ def _acceptance_toml(path: Path, out: Path, faulty: bool) -> Path:
 def test_acceptance_run_through_launch_reports_faults_and_compare_flags_them(tmp_path):
     faulty = _launch(_acceptance_toml(tmp_path / "faulty.toml", tmp_path / "faulty", True),
                      "--log-dir", str(tmp_path / "logs_faulty"))
-    assert faulty.returncode == 0, faulty.stdout[-3000:] + faulty.stderr[-3000:]
     report = json.loads((tmp_path / "faulty" / "report.json").read_text())
+    invalid = report["slo"]["verdict"] == "INVALID"  # the replay exits 3 (SLO_INVALID_EXIT), and the launch fails
+    assert faulty.returncode == (1 if invalid else 0), faulty.stdout[-3000:] + faulty.stderr[-3000:]
+    assert ("replay exited with code 3" in faulty.stdout) == invalid
     # what was injected, listed in one place: the drops, the stall (as long as asked), the kill and the restart
     injected = report["injected"]
     assert injected["network"]["seed"] == 1 and injected["network"]["counts"]["dropped"] >= 0

@@ -32,10 +32,10 @@ from typing import Literal
 
 import numpy as np
 from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from edgeinfer.bench.anytime_replays import conditions, pooled, replay_once
 from edgeinfer.bench.report import check_output
+from edgeinfer.core.progress import Progress
 from edgeinfer.engines.drafters import DEFAULT_DRAFT, make_drafter
 from edgeinfer.engines.paths import DCT_DRAFT, DCT_POLICY, DEFAULT_POLICY
 from edgeinfer.engines.tokenizer import decode_chunk, encode_chunk
@@ -237,30 +237,28 @@ def run_anytime(cfg: AnytimeConfig, console: Console | None = None, command: lis
                                      "n_joints": pol.cfg.n_joints, "sha256": pol.manifest.get("sha256")}
                                  for p, pol in policies.items()},
                     "curve": {}, "spec": {}, "replays": []}
-    progress = Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                        TimeElapsedColumn(), console=console, transient=True)
-    with progress:
-        task = progress.add_task("curves", total=2 * len(POLICIES) + len(POLICIES) * len(conds) * len(cfg.runs))
+    total = 2 * len(POLICIES) + len(POLICIES) * len(conds) * len(cfg.runs)
+    with Progress("bench anytime: curves", total, console) as progress:
         for p, pol in policies.items():
-            progress.update(task, description=f"anytime curve: {p} policy")
+            progress.update(label=f"bench anytime: anytime curve, {p} policy")
             feats, offsets, source = curve_windows(pol, cfg.data_dir, cfg.curve_windows)
             result["curve"][p] = curve_section(pol, feats, offsets) | {"windows": len(feats), "source": source}
-            progress.advance(task)
+            progress.advance()
         seconds = {"setup_and_curve": time.perf_counter()}  # section -> its end
         for p, pol in policies.items():
-            progress.update(task, description=f"speculative decoding: {p} policy")
+            progress.update(label=f"bench anytime: speculative decoding, {p} policy")
             result["spec"][p] = spec_section(pol, drafts[p], cfg, console)
-            progress.advance(task)
+            progress.advance()
         seconds["spec"] = time.perf_counter()
         for p in POLICIES:
             for cond in conds:
                 reports = []
                 for n in cfg.runs:
-                    progress.update(task, description=f"replay: {p} policy, {cond.name}, measurement_{n}")
+                    progress.update(label=f"bench anytime: replay, {p} policy, {cond.name}, measurement_{n}")
                     out = cfg.out / p / cond.name.replace(" ", "_") / f"measurement_{n}"
                     reports.append(replay_once(paths[p], run_dirs[n], cond, result["spec"][p]["pass_ms"], out,
                                                cfg.backend, cfg.seconds))
-                    progress.advance(task)
+                    progress.advance()
                 result["replays"].append({"policy": p} | pooled(reports, cond, result["spec"][p]["pass_ms"]))
     result["verdict"] = verdict(result)
     seconds["replays"] = time.perf_counter()

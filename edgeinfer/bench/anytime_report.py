@@ -8,6 +8,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from edgeinfer.core.progress import say
 from edgeinfer.core.wire import RUNGS
 
 
@@ -43,7 +44,7 @@ def print_result(result: dict, console: Console | None = None) -> None:
     console.print(t)
     for p, s in result["spec"].items():
         for d, why in s.get("drafters_skipped", {}).items():
-            console.print(f"{p} policy: drafter {d} skipped: {why}")
+            say(console, f"{p} policy: drafter {d} skipped: {why}")
 
     t = Table(title="replays (runs pooled): steady-state misses, held ticks, tick rungs, commanded action RMSE")
     for col in ("policy", "condition", "ticks", "miss rate (95 % CI)", "held", *RUNGS[:-1], "RMSE mrad",

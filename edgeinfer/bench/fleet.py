@@ -39,6 +39,10 @@ from edgeinfer.engines.paths import DEFAULT_POLICY
 SCHEMA = "edgeinfer.bench.fleet/1"
 PHASES = ("sync", "staggered")
 POINT_OVERHEAD_S = 9.0  # start-up and teardown of a point beside its replay (measured on the 2-core VM, loaded)
+# start-up of each runtime process where every robot has its own (configuration a): a's 32-robot points took
+# 69 s (6 s replays) on the quiet 2-core EPYC VM, 1.7 s a process beside the overhead; under load, one point took
+# 132 s (issue 32)
+PROCESS_START_S = 2.0
 # A point starts once the CPUs were at most QUIET_BUSY_PCT busy for QUIET_SECONDS seconds in a row (psutil), so that
 # the point before it (up to 32 runtime processes and their robots) has left the cores: on the 2-core VM the
 # runtimes of a 32-robot point took ~2 minutes to leave, and the points measured meanwhile broke at 1 robot.
@@ -146,14 +150,29 @@ def run_fleet(cfg: FleetBenchConfig, console: Console | None = None, command: li
     return result
 
 
+def plan_seconds(cfg: FleetBenchConfig) -> tuple[float, float]:
+    """(about, at most) seconds of a run that measures every point of every ladder: each point its duration,
+    POINT_OVERHEAD_S, and PROCESS_START_S per runtime process of a process-per-robot configuration (N of them);
+    at most, each point also waits the whole cfg.settle_max_s for the CPUs to go quiet."""
+    about = 0.0
+    for conf in cfg.configs:
+        per_process = PROCESS_START_S if CONFIGURATIONS[conf].process_per_robot else 0.0
+        about += len(cfg.phases) * sum(cfg.duration_s + POINT_OVERHEAD_S + per_process * n
+                                       for n in ladder(cfg.max_robots))
+    points = len(cfg.configs) * len(cfg.phases) * len(ladder(cfg.max_robots))
+    return about, about + points * cfg.settle_max_s
+
+
 def plan_line(cfg: FleetBenchConfig) -> str:
-    """What the run measures at most, and about how long that takes (POINT_OVERHEAD_S a point beside its replay)."""
+    """What the run measures at most, and about how long that takes (plan_seconds): the typical figure, and the
+    bound when every point waits its whole settle time."""
     steps = len(ladder(cfg.max_robots))
     points = len(cfg.configs) * len(cfg.phases) * steps
-    minutes = points * (cfg.duration_s + POINT_OVERHEAD_S) / 60
+    about, most = plan_seconds(cfg)
     return (f"fleet bench: configurations {' '.join(cfg.configs)}, phases {' '.join(cfg.phases)}, N = "
             f"{', '.join(map(str, ladder(cfg.max_robots)))} until attainment breaks: at most {points} points of "
-            f"{cfg.duration_s:g} s, about {minutes:.0f} min at most")
+            f"{cfg.duration_s:g} s, about {about / 60:.0f} min on a quiet machine, at most {most / 60:.0f} min "
+            f"(each point waits up to {cfg.settle_max_s:g} s for the CPUs to go quiet: --settle-max-s)")
 
 
 def failed_point(n: int, error: Exception) -> dict:

@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from edgeinfer.bench.figures import compare
+from edgeinfer.core.progress import say
 
 HEAD = ("ruler", "scenario", "stat", "target-only", "speculative", "spec / target-only", "vs floor (t-o, spec)")
 FLOOR_HEAD = ("floor", "p50", "p95", "p99", "p99.9", "max")
@@ -134,7 +135,7 @@ def print_result(result: dict, console: Console | None = None) -> None:
     console.print(f"machine: {machine_line(result)}\n{setup_line(result)}", highlight=False, markup=False)
     for name, scen in result.get("e2e", {}).items():
         if scen.get("error"):
-            console.print(f"[red]scenario {name}: {scen['error']}[/red]")
+            say(console, f"scenario {name}: {scen['error']}", "red")
 
 
 def markdown(result: dict) -> str:

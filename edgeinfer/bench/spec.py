@@ -34,12 +34,13 @@ from pathlib import Path
 
 import numpy as np
 from rich.console import Console
-from rich.progress import Progress
 from rich.table import Table
 
 from edgeinfer.bench.report import check_output
 from edgeinfer.bench.stress_drafters import stress_drafters
 from edgeinfer.core.acceptance import Greedy, Relaxed, Sampling
+from edgeinfer.core.extras import require
+from edgeinfer.core.progress import Progress, say
 from edgeinfer.core.scheduler import SchedulerConfig, TickPlanner
 from edgeinfer.core.speculative import speculative_decode
 from edgeinfer.engines.calibration import resolve_data_dir, sample_windows
@@ -170,9 +171,13 @@ def bench_spec(policy: Policy | None = None, data_dir: Path | None = None, per_r
     from edgeinfer.engines.build import load_engine
 
     console = console or Console(stderr=True)
+    if peer:  # before any work: the peer rows come last, minutes in
+        require("hf", "bench spec's Hugging Face peer rows (--no-peer skips them)")
     policy = policy or load_policy()
     data_dir = resolve_data_dir(data_dir)
     runs = held_out_chunks(policy, data_dir, per_run)
+    say(console, f"bench spec: {len(drafters or policy.drafters)} drafter(s) x {len(ks)} k side by side on "
+                 f"{sum(len(f) for f, _ in runs.values())} held-out chunks, {repeats} repeat(s) each")
     feats = np.concatenate([f for f, _ in runs.values()])
     offsets = np.concatenate([o for _, o in runs.values()])
     engine = load_engine(policy, backend)
@@ -192,39 +197,38 @@ def bench_spec(policy: Policy | None = None, data_dir: Path | None = None, per_r
     # Warm-up, as the runtime's before its start: first calls pay one-off costs, and the adaptive planners
     # explore (edgeinfer.core.adaptive) on chunks of the training runs, never on the measured ones.
     warm_feats, _, _ = sample_windows(policy, WARMUP_CHUNKS, seed=0, data_dir=data_dir, split="train")
-    with console.status("warming up"):
+    with Progress("bench spec: warming up (training runs, not measured)", len(warm_feats), console) as bar:
         for f in warm_feats:
             _decode([], engine, policy, f, {}, _fixed(0), Greedy(), None)
             for name in choices:
                 _decode([], engine, policy, f, models, adaptive[name], Greedy(), None)
+            bar.advance()
     probes = {name: p.chooser.probes for name, p in adaptive.items()}  # the warm-up's, not counted
     late_base, late_collapsing = _Row("after the collapse"), _Row("after the collapse")  # the second half
-    bar = Progress(*Progress.get_default_columns(), console=console, transient=True)
-    task = bar.add_task("held-out chunks, every row side by side", total=len(feats))
-    bar.start()
-    done = 0
-    for run, (run_feats, _) in runs.items():
-        run_base, run_again, run_adapt = _Row(run), _Row(run), {name: _Row(run) for name in choices}
-        for f in run_feats:
-            bar.advance(task)
-            rows_of = {None: [base, run_base]} | {name: [adapt[name], run_adapt[name]] for name in choices}
-            if "collapsing" in stressed:  # the good drafter for the first half of the chunks, useless after
-                stressed["collapsing"].collapsed = done >= len(feats) // 2
-                if stressed["collapsing"].collapsed:
-                    rows_of[None].append(late_base)
-                    rows_of["collapsing"].append(late_collapsing)
-            done += 1
-            # target-only first (the reference), then the adaptive rows, then every fixed (drafter, k)
-            jobs = [(rows_of[None], {}, _fixed(0))]
-            jobs += [(rows_of[name], models, adaptive[name]) for name in choices]
-            jobs += [([run_again], {}, _fixed(0))]  # target-only again: what identical work measures
-            jobs += [([fixed[(name, k)]], {"drafter": models[name]}, _fixed(k)) for name in drafters for k in ks]
-            _side_by_side(jobs, engine, policy, f, Greedy(), repeats)
-        per_run_rates[run] = {name: round(run_adapt[name].tokens_per_s() / run_base.tokens_per_s(), 3)
-                              for name in choices}
-        per_run_passes[run] = {name: round(run_adapt[name].passes / run_adapt[name].chunks, 2) for name in choices}
-        same_work[run] = round(run_again.tokens_per_s() / run_base.tokens_per_s(), 3)
-    bar.stop()
+    with Progress("bench spec: held-out chunks, every row side by side", len(feats), console) as bar:
+        done = 0
+        for run, (run_feats, _) in runs.items():
+            run_base, run_again, run_adapt = _Row(run), _Row(run), {name: _Row(run) for name in choices}
+            for f in run_feats:
+                rows_of = {None: [base, run_base]} | {name: [adapt[name], run_adapt[name]] for name in choices}
+                if "collapsing" in stressed:  # the good drafter for the first half of the chunks, useless after
+                    stressed["collapsing"].collapsed = done >= len(feats) // 2
+                    if stressed["collapsing"].collapsed:
+                        rows_of[None].append(late_base)
+                        rows_of["collapsing"].append(late_collapsing)
+                done += 1
+                # target-only first (the reference), then the adaptive rows, then every fixed (drafter, k)
+                jobs = [(rows_of[None], {}, _fixed(0))]
+                jobs += [(rows_of[name], models, adaptive[name]) for name in choices]
+                jobs += [([run_again], {}, _fixed(0))]  # target-only again: what identical work measures
+                jobs += [([fixed[(name, k)]], {"drafter": models[name]}, _fixed(k)) for name in drafters for k in ks]
+                _side_by_side(jobs, engine, policy, f, Greedy(), repeats)
+                bar.advance()
+            per_run_rates[run] = {name: round(run_adapt[name].tokens_per_s() / run_base.tokens_per_s(), 3)
+                                  for name in choices}
+            per_run_passes[run] = {name: round(run_adapt[name].passes / run_adapt[name].chunks, 2)
+                                   for name in choices}
+            same_work[run] = round(run_again.tokens_per_s() / run_base.tokens_per_s(), 3)
     base.identical = base.chunks  # the reference itself
     rows = [base.summary(policy, feats, offsets) | {"same_work_per_run": same_work}]
     best = {name: max(ks, key=lambda k: fixed[(name, k)].tokens_per_s()) for name in drafters}
@@ -243,9 +247,11 @@ def bench_spec(policy: Policy | None = None, data_dir: Path | None = None, per_r
     name, k = best[AUTO]
     relaxed, sampled = _Row(f"{name} k={k} relaxed +/-1 bin", lossy=True), _Row(f"{name} k={k} sampling T=1")
     rule = Sampling(temperature=1.0, seed=0)
-    for f, ref in zip(feats, base.decoded):
-        _decode([relaxed], engine, policy, f, {"drafter": models[name]}, _fixed(k), Relaxed(1), ref, repeats)
-        _decode([sampled], engine, policy, f, {"drafter": models[name]}, _fixed(k), rule, None)
+    with Progress("bench spec: relaxed and sampling rows", len(feats), console) as bar:
+        for f, ref in zip(feats, base.decoded):
+            _decode([relaxed], engine, policy, f, {"drafter": models[name]}, _fixed(k), Relaxed(1), ref, repeats)
+            _decode([sampled], engine, policy, f, {"drafter": models[name]}, _fixed(k), rule, None)
+            bar.advance()
     rows.append(relaxed.summary(policy, feats, offsets) | {"k": k})
     rows.append(sampled.summary(policy, feats, offsets, exact_by="chi-square test (tests/test_sampling.py)") | {"k": k})
     for r in rows:
@@ -263,13 +269,10 @@ def bench_spec(policy: Policy | None = None, data_dir: Path | None = None, per_r
 
 
 def _peer_rows(console: Console) -> list[dict]:
-    try:
-        from edgeinfer.engines.hf_peer import compare_with_hf_assisted
-    except ImportError as e:  # transformers is optional
-        console.print(f"peer rows skipped: {e}")
-        return []
-    with console.status("Hugging Face assisted generation on the llama-style pair"):
-        return [r | {"peer": True} for r in compare_with_hf_assisted()["rows"]]
+    from edgeinfer.engines.hf_peer import compare_with_hf_assisted  # transformers: checked by bench_spec's start
+
+    say(console, "bench spec: Hugging Face assisted generation on the llama-style pair")
+    return [r | {"peer": True} for r in compare_with_hf_assisted()["rows"]]
 
 
 def print_table(result: dict, console: Console | None = None) -> None:

@@ -35,6 +35,7 @@ import numpy as np
 from rich.console import Console
 
 from edgeinfer.bench.scenarios import Scenarios, load_scenarios
+from edgeinfer.core.progress import say
 from edgeinfer.node.runtime import RuntimeConfig
 
 SCHEMA = "edgeinfer.bench.suite/1"
@@ -186,7 +187,7 @@ def run_bench(cfg: BenchConfig, sc: Scenarios | None = None, console: Console | 
         try:
             forkserver.start(wait=True)
         except (RuntimeError, TimeoutError) as e:  # the e2e scenarios will record their failure
-            console.print(f"[red]fork server for the e2e nodes: {e}[/red]")
+            say(console, f"fork server for the e2e nodes: {e}", "red")
     payload = observation_payload_bytes(d)
     fl = sc.floors
     floors = [measure_floors(payload, logs[0].period_ns, fl.round_trips, fl.idle_gap_ms, fl.idle_round_trips,
@@ -225,7 +226,7 @@ def run_bench(cfg: BenchConfig, sc: Scenarios | None = None, console: Console | 
                                  f"{np.nanmedian(run['latency_ms']):.2f} ms")
         except (RuntimeError, ValueError, OSError, TimeoutError) as e:  # one scenario's failure is recorded
             e2e[scen.name]["error"] = f"{type(e).__name__}: {e}"
-            console.print(f"[red]{scen.name}: {e}[/red]")
+            say(console, f"{scen.name}: {e}", "red")
 
     figures = _figures(decode, e2e, floors, sc)
     add_ratios(figures, {s.name: ("zmq round trip after idle" if s.burst_s is not None else "zmq round trip")

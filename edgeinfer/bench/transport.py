@@ -31,11 +31,13 @@ from pathlib import Path
 
 import numpy as np
 import zmq
+from rich.console import Console
 
 from edgeinfer.bench.floors import raw_pubsub_round_trip_ns, raw_zmq_round_trip_ns
 from edgeinfer.bench.report import check_output
 from edgeinfer.core import transport
 from edgeinfer.core.clock import sleep_until
+from edgeinfer.core.progress import Progress
 from edgeinfer.core.wire import ActionChunk, Observation, Start, Stats, Stop, encode
 from edgeinfer.node.runtime import RuntimeConfig
 from edgeinfer.procs.nodes import NodeGroup
@@ -181,11 +183,14 @@ def _arrivals(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
 
 
 def run(n: int = 2000, n_idle: int = 100, idle_gap_ms: float = 100.0, log_path: Path | None = None,
-        n_periodic: int = 1000, rate_hz: float = 250.0, obs_spin_us: float | None = None) -> list[dict]:
+        n_periodic: int = 1000, rate_hz: float = 250.0, obs_spin_us: float | None = None,
+        console: Console | None = None) -> list[dict]:
     """The three scenarios, edgeinfer and the floors side by side. Returns one dict per scenario; vs_back_to_back_p50
     is its edgeinfer p50 over the back-to-back one, runtime_arrivals the runtime's obs_arrival counters over it
     (edgeinfer/node/source.py: on_time = caught while spinning). obs_spin_us: the runtime's (None: its default;
-    0: it sleeps until each observation comes)."""
+    0: it sleeps until each observation comes). Progress goes to `console` (stderr when None) between the timed
+    loops."""
+    console = console or Console(stderr=True)
     size = payload_bytes()
     frames = [bytes(f) for f in encode(_observation(0))]
     period_ns = round(1e9 / rate_hz)
@@ -193,18 +198,25 @@ def run(n: int = 2000, n_idle: int = 100, idle_gap_ms: float = 100.0, log_path: 
                  (f"idle {idle_gap_ms:g} ms", n_idle, idle_gap_ms, None))
     rows = []
     spin = {} if obs_spin_us is None else {"obs_spin_us": obs_spin_us}
-    with NullRuntimeNode(log_path, **spin) as node:
+    with Progress("bench transport: starting the null runtime node", 4 * len(scenarios), console) as bar, \
+            NullRuntimeNode(log_path, **spin) as node:
         before = node.runtime_counters()
-        for name, count, gap, period in scenarios:
+        for name, count, gap, period in scenarios:  # reported between the timed loops, never inside one
+            bar.update(label=f"bench transport: {name}, edgeinfer ({count} round trips)")
             ours, lost = node.round_trip_ns(count, 0.0 if period else gap, period_ns=period)
             after = node.runtime_counters()
+            bar.advance(label=f"bench transport: {name}, raw REQ/REP")
             floor = raw_zmq_round_trip_ns(size, count, gap)
+            bar.advance(label=f"bench transport: {name}, raw PUB/SUB")
             pattern = raw_pubsub_round_trip_ns(frames, count, gap)
+            bar.advance(label=f"bench transport: {name}, minimal codec")
             codec = raw_pubsub_round_trip_ns(frames, count, gap, codec=True)
+            bar.advance()
             arrivals = _arrivals(before, after)
             rows.append(_row(name, ours, floor, pattern, codec) | {"edgeinfer_lost": lost,
                                                                    "runtime_arrivals": arrivals})
             before = after
+        bar.update(label="bench transport")
     for r in rows:
         r["vs_back_to_back_p50"] = r["edgeinfer_p50_us"] / rows[0]["edgeinfer_p50_us"]
     return rows

@@ -12,6 +12,10 @@ import importlib
 from dataclasses import dataclass
 from typing import Literal
 
+# `replay --slo ...` whose verdict is INVALID exits with this (CI: a missed objective fails the job); a sweep counts
+# such a run as completed (its verdict in the table), not failed
+SLO_INVALID_EXIT = 3
+
 
 @dataclass(frozen=True)
 class Command:
@@ -32,7 +36,11 @@ _ENDPOINTS = "edgeinfer.core.transport:Endpoints"
 
 COMMANDS: dict[str, Command] = {
     "replay": Command("replay a recorded arm log through runtime + control over ZeroMQ",
-                      ("edgeinfer.sim.config:ReplayConfig",), node="task"),
+                      ("edgeinfer.sim.config:ReplayConfig",), node="task",
+                      description="Replay a recorded arm log through runtime + control over ZeroMQ, and report latency "
+                                  "and deadline misses (docs/replay.md). Exit status: 0 done, 1 a node process "
+                                  "failed, 2 an error before the run (one line naming its option), 3 --slo's verdict "
+                                  "is INVALID (so that a CI job fails on a missed objective), 130 interrupted."),
     "launch": Command("start and supervise the nodes of a TOML launch file (launch/*.toml); exits non-zero when "
                       "any node failed", ("edgeinfer.launch:LaunchConfig",)),
     "serve": Command("run the runtime node (observations in, action chunks out)",

@@ -22,8 +22,8 @@ from collections import deque
 from typing import Callable
 
 import zmq
-from zmq.utils.monitor import recv_monitor_message
 
+from edgeinfer.core import transport
 from edgeinfer.core.clock import now_ns
 from edgeinfer.core.wire import Heartbeat, Start
 
@@ -147,26 +147,19 @@ class LinkMonitor:
     brings such a link back at once (and a peer's restart is reconnected as libzmq would); `relinks` counts them.
     """
 
-    EVENTS = zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED
-
     def __init__(self, sock: zmq.Socket, endpoint: str | None = None):
         self.sock, self.endpoint = sock, endpoint
-        self.mon = sock.get_monitor_socket(self.EVENTS)
+        # a socket made by core.transport has its monitor from birth (the handshake checks read it too): shared
+        self.events = transport.socket_events(sock)
+        self._own = self.events is None
+        if self._own:
+            self.events = transport.SocketEvents(sock, curve=False)
         self.disconnects = 0
         self.relinks = 0
 
     def poll(self) -> tuple[int, int]:
-        up = down = 0
-        while True:
-            try:
-                event = recv_monitor_message(self.mon, flags=zmq.NOBLOCK)
-            except zmq.Again:
-                break
-            if event["event"] == zmq.EVENT_DISCONNECTED:
-                down += 1
-                self.disconnects += 1
-            elif event["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED:
-                up += 1
+        up, down = self.events.take()
+        self.disconnects += down
         if down and self.endpoint is not None:
             self._relink()
         return up, down
@@ -180,8 +173,8 @@ class LinkMonitor:
         self.relinks += 1
 
     def close(self) -> None:
-        self.sock.disable_monitor()
-        self.mon.close(linger=0)
+        if self._own:  # a transport socket's monitor closes with it
+            self.events.close()
 
 
 class Beacon(threading.Thread):

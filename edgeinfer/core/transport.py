@@ -19,12 +19,16 @@ message on that socket can be lost to the slow joiner (only to a full HWM). Wher
 subscribes to several publishers, each of them must be publishing Hellos while the peer waits.
 Hellos may still be queued on a SUB after the handshake: consumers skip `Hello` messages.
 
-Security: endpoints are loopback unless a caller passes others. A non-loopback endpoint (or any, with
-curve="on") uses ZeroMQ CURVE (RFC 26 CurveZMQ: encryption and, through a ZAP handler, client
-authentication) with the keys `edgeinfer keys DIR` writes (edgeinfer.core.keys): every bound socket is a CURVE
-server, every connecting socket a client whose public key must sit in DIR/authorized_clients.
+Security: endpoints are loopback unless a caller passes others. A run given keys (curve_dir), or with a
+non-loopback endpoint (which then needs them), or any with curve="on", uses ZeroMQ CURVE (RFC 26 CurveZMQ:
+encryption and, through a ZAP handler, client authentication) with the keys `edgeinfer keys DIR` writes
+(edgeinfer.core.keys): every bound socket is a CURVE server, every connecting socket a client whose public key
+must sit in DIR/authorized_clients. A side that speaks CURVE to one that does not fails the ZMTP handshake, and
+libzmq never retries it: every socket watches its handshakes from its creation (SocketEvents), and the start-up
+waits raise HandshakeError naming the mismatch and its fix within a poll (check_handshakes).
 """
 
+import errno
 import ipaddress
 import socket
 import threading
@@ -35,6 +39,7 @@ from pathlib import Path
 from typing import Any, Callable, Literal, NamedTuple
 
 import zmq
+from zmq.utils.monitor import recv_monitor_message
 
 from edgeinfer.core.wire import MAX_FRAMES, Hello, Message, WireError, check_joints, decode, encode
 
@@ -63,7 +68,10 @@ class Endpoints:
     commands: str  # JointCommand, control -> replayer
     ready: str  # handshake: peers PUSH Hello -> coordinator PULL
     status: str | None = None  # control loop's Heartbeat, ErrorEvent, Stats (PUB bound by control); None: off
-    curve: Literal["auto", "on", "off"] = "auto"  # auto: CURVE when an endpoint is not loopback and keys are given
+    # auto: CURVE when keys are given (curve_dir) or an endpoint is not loopback (which then needs them). The keys
+    # decide, not this side's addresses: the two sides of one run see different ones (a runtime bound on 0.0.0.0,
+    # a robot side connecting to 127.0.0.1), and must still agree.
+    curve: Literal["auto", "on", "off"] = "auto"
     curve_dir: Path | None = None  # keys written by `edgeinfer keys DIR`
 
     def __post_init__(self):
@@ -75,13 +83,13 @@ class Endpoints:
         return [e for e in (self.obs, self.chunks, self.commands, self.ready, self.status) if e]
 
     def curve_keys(self) -> "CurveKeys | None":
-        """The CURVE keys every socket of this run uses, or None for plain TCP (see the module docstring).
-        Raises ValueError for a non-loopback endpoint with curve="auto" and no keys: nothing unencrypted
-        leaves the host unless curve="off" says so."""
+        """The CURVE keys every socket of this run uses, or None for plain TCP (see the module docstring): keys
+        whenever curve_dir is given (unless curve="off"). Raises ValueError for a non-loopback endpoint with
+        curve="auto" and no keys: nothing unencrypted leaves the host unless curve="off" says so."""
         if self.curve == "off":
             return None
         remote = [e for e in self.all() if not is_loopback(e)]
-        if self.curve == "auto" and not remote:
+        if self.curve == "auto" and not remote and self.curve_dir is None:
             return None
         if self.curve_dir is None:
             raise ValueError(f"Endpoints: {remote} are not loopback: give curve_dir (keys from `edgeinfer keys "
@@ -163,12 +171,120 @@ def start_authenticator(ctx: zmq.Context, keys: CurveKeys | None):
     return auth
 
 
+class HandshakeError(ConnectionError):
+    """A ZMTP handshake with a peer failed for a reason no retry can mend (CURVE on one side only, keys that do not
+    match): libzmq drops such a link for good and says so only to a socket monitor. The message names the endpoint
+    and the fix."""
+
+
+# Failed ZMTP handshakes: a CURVE socket meeting a plain one (a mechanism mismatch), a server key the client does
+# not hold (cryptographic), a client key the ZAP handler refuses (auth). libzmq never retries these links.
+_HANDSHAKE_FAILED = (zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_AUTH
+                     | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
+# How long a side that found a failed handshake keeps its sockets up before it raises: the peer's next tries
+# (RECONNECT_IVL_MS apart) then meet this side's greeting, so that it learns the same, rather than being refused by
+# a port already closed and left to retry until its timeout.
+HANDSHAKE_GRACE_S = 1.0
+_FIX = ("start both sides with the same keys (--curve-dir DIR, the folder `edgeinfer keys DIR` wrote, copied to "
+        "both hosts) or both with --curve off")
+
+
+class SocketEvents:
+    """The connection events of one socket, from a zmq_socket_monitor attached before it binds or connects (a
+    handshake that fails for a protocol error is tried once, at the first connection: a monitor attached later never
+    hears of it). Read without blocking; everything that watches the socket reads through this one object
+    (check_handshakes; liveliness.LinkMonitor's connected/disconnected counts), so none takes another's events.
+    curve: whether this socket speaks CURVE (for the mismatch's message)."""
+
+    EVENTS = _HANDSHAKE_FAILED | zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED
+
+    def __init__(self, sock: zmq.Socket, curve: bool):
+        self.sock, self.curve = sock, curve
+        self.mon = sock.get_monitor_socket(self.EVENTS)
+        self.up = self.down = 0  # handshakes succeeded, links dropped: since the last take()
+        self.failed: list[tuple[int, int, str]] = []  # (event, value, endpoint) of each failed handshake, unread
+
+    def poll(self) -> None:
+        """Read every event queued (never blocks; a closed socket has none)."""
+        while not self.mon.closed:
+            try:
+                event = recv_monitor_message(self.mon, flags=zmq.NOBLOCK)
+            except zmq.ZMQError:  # zmq.Again: none queued
+                return
+            if event["event"] == zmq.EVENT_DISCONNECTED:
+                self.down += 1
+            elif event["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                self.up += 1
+            elif event["event"] & _HANDSHAKE_FAILED:
+                endpoint = event["endpoint"].decode(errors="replace")
+                self.failed.append((int(event["event"]), int(event["value"]), endpoint))
+
+    def take(self) -> tuple[int, int]:
+        """(handshakes succeeded, links dropped) since the last call."""
+        self.poll()
+        out, self.up, self.down = (self.up, self.down), 0, 0
+        return out
+
+    def close(self) -> None:
+        if not self.mon.closed:
+            if not self.sock.closed:
+                self.sock.disable_monitor()
+            self.mon.close(linger=0)
+
+
+class _Socket(zmq.Socket):
+    """A zmq.Socket whose close() also closes its SocketEvents' monitor (a PAIR left open would block ctx.term())."""
+
+    _events: SocketEvents | None = None
+
+    def close(self, linger: int | None = None) -> None:
+        if self._events is not None and not self.closed:
+            self._events.close()
+        super().close(linger=linger)
+
+
+def socket_events(sock: zmq.Socket) -> SocketEvents | None:
+    """The SocketEvents of a socket made here (None for another)."""
+    return getattr(sock, "_events", None)
+
+
+def _describe_failure(event: int, value: int, endpoint: str, curve: bool) -> str | None:
+    """One line for a failed handshake no retry mends (None for one that might be a stranger's noise)."""
+    mine = "this side uses CURVE encryption" if curve else "this side does not use CURVE encryption"
+    if event == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL and value == zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH:
+        theirs = "the peer does not" if curve else "the peer does"
+        return f"{endpoint}: CURVE mismatch: {mine} and {theirs}; {_FIX}"
+    if event == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL and value == zmq.PROTOCOL_ERROR_ZMTP_CRYPTOGRAPHIC:
+        return f"{endpoint}: CURVE keys do not match the peer's (another keys folder); {_FIX}"
+    if event == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+        return (f"{endpoint}: a peer's CURVE client key is not in this side's authorized_clients (ZAP status {value}); "
+                f"{_FIX}")
+    return None
+
+
+def check_handshakes(*socks: zmq.Socket) -> None:
+    """Raise HandshakeError, in one line naming the endpoint and the fix, when a peer's handshake with one of
+    `socks` failed for good (CURVE on one side only, keys that differ). For start-up waits, every poll: the
+    handshake functions here and the nodes' own call it, so a mismatch ends both sides within a poll."""
+    for sock in socks:
+        if (events := socket_events(sock)) is None:
+            continue
+        events.poll()
+        for event, value, endpoint in events.failed:
+            if (text := _describe_failure(event, value, endpoint, events.curve)) is not None:
+                events.failed.clear()
+                time.sleep(HANDSHAKE_GRACE_S)  # the I/O thread keeps answering the peer meanwhile
+                raise HandshakeError(text)
+        events.failed.clear()
+
+
 def _socket(ctx: zmq.Context, kind: int, endpoint: str, bind: bool, hwm: int,
             curve: CurveKeys | None = None, identity: str | None = None) -> zmq.Socket:
     if hwm < 1:  # 0 would mean "unbounded" to ZMQ, which we never want
         raise ValueError(f"hwm must be >= 1, got {hwm}")
-    sock = ctx.socket(kind)
+    sock = ctx.socket(kind, socket_class=_Socket)
     try:
+        sock._events = SocketEvents(sock, curve is not None)  # before bind/connect: see SocketEvents
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.SNDHWM, hwm)
         sock.setsockopt(zmq.RCVHWM, hwm)
@@ -188,10 +304,27 @@ def _socket(ctx: zmq.Context, kind: int, endpoint: str, bind: bool, hwm: int,
             sock.bind(endpoint)
         else:
             sock.connect(endpoint)
-    except zmq.ZMQError:
+    except zmq.ZMQError as e:
         sock.close()
+        if e.errno in (zmq.EADDRINUSE, zmq.EADDRNOTAVAIL, zmq.EINVAL, zmq.EPROTONOSUPPORT, errno.EACCES):
+            raise EndpointError(e.errno, endpoint, bind) from None
         raise
     return sock
+
+
+class EndpointError(zmq.ZMQError, OSError):
+    """An endpoint that cannot be bound or connected (in use, not this host's address, malformed): one line naming
+    it (filename: the endpoint, so that the command line can name the option that gave it)."""
+
+    def __init__(self, errno_: int, endpoint: str, bind: bool):
+        super().__init__(errno_)
+        self.filename = endpoint
+        hint = {zmq.EADDRINUSE: " (another process is on this port: stop it or pick another port)",
+                zmq.EADDRNOTAVAIL: " (not an address of this host)"}.get(errno_, "")
+        self.text = f"cannot {'bind' if bind else 'connect to'} {endpoint}: {zmq.strerror(errno_)}{hint}"
+
+    def __str__(self) -> str:
+        return self.text
 
 
 def pub(ctx: zmq.Context, endpoint: str, bind: bool = True, hwm: int = DEFAULT_HWM,
@@ -433,11 +566,13 @@ def announce_ready(push_sock: zmq.Socket, name: str) -> bool:
 def wait_for_hello(receivers: list[Receiver], timeout_s: float, check: Callable[[], None] | None = None) -> None:
     """Block until each receiver has yielded a Hello (other messages are discarded).
 
-    Raises TimeoutError naming the receivers' endpoints still silent after `timeout_s` s.
+    Raises TimeoutError naming the receivers' endpoints still silent after `timeout_s` s, HandshakeError (at once)
+    when a publisher's handshake failed for good (check_handshakes: CURVE on one side only).
     """
     deadline = time.monotonic() + timeout_s
     waiting = list(receivers)
     while waiting:
+        check_handshakes(*(r.sock for r in waiting))
         if check is not None:
             check()
         for r in list(waiting):
@@ -453,7 +588,8 @@ def wait_until_subscribed(pub_sock: zmq.Socket, sender: str, ready_receiver: Rec
     """Coordinator side: publish Hellos every ~10 ms until every name in `expect` reports ready.
 
     Ready reports are Hello messages on `ready_receiver` (a PULL) whose `sender` is the peer's
-    name; other messages there are ignored. Raises TimeoutError naming the missing peers.
+    name; other messages there are ignored. Raises TimeoutError naming the missing peers, HandshakeError (at once)
+    when a peer's handshake with either socket failed for good (check_handshakes: CURVE on one side only).
     `check`, if given, runs every period and may raise to abort (e.g. when a peer process died).
     """
     deadline = time.monotonic() + timeout_s
@@ -462,6 +598,7 @@ def wait_until_subscribed(pub_sock: zmq.Socket, sender: str, ready_receiver: Rec
     while missing:
         if time.monotonic() > deadline:
             raise TimeoutError(f"{sender}: peers not subscribed within {timeout_s} s: {sorted(missing)}")
+        check_handshakes(pub_sock, ready_receiver.sock)
         if check is not None:
             check()
         send(pub_sock, Hello(sender, i, time.perf_counter_ns()))

@@ -10,7 +10,8 @@ from any of them.
     lerobot   directory with meta/info.json (v2.1, v3.0)    pyarrow
 
 Readers are looked up by name and imported on first use, so a Schunk replay imports none of these libraries;
-pyarrow comes with the base install, the others with `pip install edgeinfer[logs]`.
+pyarrow comes with the base install, the others with `pip install 'edgeinfer[logs]'` (core/extras.py: checked before
+a command starts its work, by require_reader).
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import importlib
 from pathlib import Path
 from typing import Literal
 
+from edgeinfer.core.extras import install_hint, require
 from edgeinfer.logs.arm_log import ArmLog, LogError, read_schunk
 from edgeinfer.logs.samples import check_on_error
 
@@ -35,6 +37,19 @@ _READERS = {
                 {"topic", "q_field", "qd_field", "time_source", "extra"}),
     "lerobot": ("edgeinfer.logs.lerobot_log", "read_lerobot_log", {"episode", "q_field", "qd_field", "extra"}),
 }
+
+# format -> the optional modules (extra "logs") its reader needs; mcap_ros2 only for ROS 2 (cdr) channels
+_NEEDS = {"mcap": ("mcap",), "rosbag2": ("rosbags",), "rosbag1": ("rosbags",)}
+
+
+def require_reader(path: str | Path, fmt: str | None = None) -> str:
+    """The format of the log at `path` (fmt None: detected), after checking that its reader's optional modules are
+    installed: raises core.extras.MissingExtra naming the extra (`pip install 'edgeinfer[logs]'`), LogError for a
+    path that is missing or in no format. Commands call it before their work starts."""
+    fmt = fmt or detect_format(path)
+    if fmt in _NEEDS:
+        require("logs", f"reading {fmt} logs", _NEEDS[fmt])
+    return fmt
 
 
 def detect_format(path: str | Path) -> str:
@@ -78,7 +93,7 @@ def read_log(path: str | Path, fmt: str | None = None, on_error: Literal["raise"
     an optional library is missing.
     """
     check_on_error(on_error)
-    fmt = fmt or detect_format(path)
+    fmt = require_reader(path, fmt) if fmt in (None, *_NEEDS) else fmt
     options = {k: v for k, v in options.items() if v is not None}
     if fmt == "schunk":
         if options:
@@ -93,4 +108,4 @@ def read_log(path: str | Path, fmt: str | None = None, on_error: Literal["raise"
         reader = getattr(importlib.import_module(module), func)
         return reader(path, on_error=on_error, **options)
     except ModuleNotFoundError as e:
-        raise RuntimeError(f"reading {fmt} logs needs {e.name}: pip install 'edgeinfer[logs]'") from e
+        raise RuntimeError(f"reading {fmt} logs needs {e.name}: {install_hint('logs')}") from e

@@ -191,8 +191,9 @@ def arm_log_from_records(name: str, source: str, where: str, unit: str, t_ns, q,
     same = np.flatnonzero(np.diff(t_ns) == 0)
     if same.size:
         a, b = sorted((index[order[same[0]]], index[order[same[0] + 1]]))
-        raise LogError(f"{where} {unit}s {a} and {b} (in file order): same timestamp ({int(t_ns[same[0]] - t_ns[0])} ns "
-                       "after the first record): two samples cannot share a time; remove the repeated record")
+        after_ns = int(t_ns[same[0]] - t_ns[0])
+        raise LogError(f"{where} {unit}s {a} and {b} (in file order): same timestamp ({after_ns} ns after the first "
+                       "record): two samples cannot share a time; remove the repeated record")
     t_s = (t_ns - t_ns[0]) / 1e9
     q_derived, qd_derived = q is None, qd is None
     gaps = find_gaps(t_s, GAP_PERIODS if gap_periods is None else gap_periods)

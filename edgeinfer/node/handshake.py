@@ -16,7 +16,8 @@ from edgeinfer.core.wire import Heartbeat, Hello, Message, Start, Stop
 def await_start(runtime, obs_rx, out, ready, timeout_s: float, parent: ParentWatch,
                 stopped: Callable[[], bool] = lambda: False,
                 heard: Callable[[Message], None] = lambda msg: None,
-                accept: Callable[[Start], bool] = lambda start: True) -> tuple[Start | None, bool]:
+                accept: Callable[[Start], bool] = lambda start: True,
+                watch: tuple = ()) -> tuple[Start | None, bool]:
     """Warm up, then publish Hellos on the chunk PUB (for its subscribers) until Start arrives; heard(msg) gets each
     message of the source (its timestamps: edgeinfer/node/source.py). A Start (or schedule) accept() refuses is
     passed over: the handshake goes on until a valid one.
@@ -24,12 +25,14 @@ def await_start(runtime, obs_rx, out, ready, timeout_s: float, parent: ParentWat
     Returns (start, mid_run). A runtime (re)started after the run began never sees the Start: the
     replayer's Heartbeat carries the same schedule, and mid_run is then True. (None, False) when a Stop
     arrives or stopped() (SIGTERM) turns true first. Raises TimeoutError after timeout_s, RuntimeError when
-    the parent process is gone."""
+    the parent process is gone, transport.HandshakeError when a peer's handshake with one of the sockets `watch`
+    failed for good (CURVE on one side only: transport.check_handshakes)."""
     runtime.warmup(runtime.warmup_observation())
     announced, i = False, 0
     deadline = now_ns() + int(timeout_s * 1e9)
     while now_ns() < deadline and not stopped():
         parent.check()
+        transport.check_handshakes(*watch)
         out.send(Hello("runtime", i, now_ns()))
         i += 1
         msg = obs_rx.recv(transport.HELLO_PERIOD_MS)
@@ -50,17 +53,18 @@ def await_start(runtime, obs_rx, out, ready, timeout_s: float, parent: ParentWat
 
 
 def await_control(status_rx, obs_rx, control: Lease, timeout_s: float, parent: ParentWatch,
-                  stopped: Callable[[], bool] = lambda: False, heard: Callable[[Message], None] = lambda msg: None
-                  ) -> bool:
+                  stopped: Callable[[], bool] = lambda: False, heard: Callable[[Message], None] = lambda msg: None,
+                  watch: tuple = ()) -> bool:
     """Re-handshake of a runtime that joined mid-run: until the control loop's Heartbeat names this process as
     the runtime it hears (so its chunk SUB is subscribed here and no chunk is lost to the slow joiner).
     Observations meanwhile are stale and dropped (heard(msg) gets each). Gives up with a warning after timeout_s
     (True). False when a Stop arrives or stopped() (SIGTERM) turns true first: the run ended before this runtime
-    served."""
+    served. Raises transport.HandshakeError as await_start."""
     deadline = now_ns() + int(timeout_s * 1e9)
     me = os.getpid()
     while now_ns() < deadline:
         parent.check()
+        transport.check_handshakes(*watch)
         msg = status_rx.recv(transport.HELLO_PERIOD_MS)
         drained = obs_rx.drain()
         for m in drained:

@@ -116,12 +116,14 @@ class RuntimeNode:
 
     def handshake(self, timeout_s: float = 300.0, stopped=lambda: False) -> bool:
         """Warm up and wait for the run to start (edgeinfer/node/handshake.py). False when a Stop or stopped()
-        came first: the run ended before this runtime served. Raises TimeoutError, or RuntimeError when the
-        parent process is gone."""
+        came first: the run ended before this runtime served. Raises TimeoutError, RuntimeError when the
+        parent process is gone, transport.HandshakeError when a peer's handshake failed for good (CURVE on one
+        side only)."""
         live = self.liveliness
         heard = lambda msg: self._heard(msg, now_ns())  # noqa: E731  (the source's clock, from the handshake on)
+        watch = (self.out.sock, self.obs_rx.sock, self.ready, *((live.status_rx.sock,) if live.status_rx else ()))
         start, mid_run = await_start(self.runtime, self.obs_rx, self.out, self.ready, timeout_s, live.parent, stopped,
-                                     heard, accept=lambda s: self._plan_of(s) is not None)
+                                     heard, accept=lambda s: self._plan_of(s) is not None, watch=watch)
         if start is None:
             emit("runtime: stopped before start")
             return False
@@ -129,7 +131,7 @@ class RuntimeNode:
             self.runtime = faults.inject(self.runtime, self.cfg.faults)
         self._begin(start)
         if mid_run and live.status_rx is not None and not await_control(live.status_rx, self.obs_rx, live.control,
-                                                                        timeout_s, live.parent, stopped, heard):
+                                                                        timeout_s, live.parent, stopped, heard, watch):
             emit("runtime: stopped before serving")
             return False
         # the first verified step streams ahead of its chunk from the policy runtime only (not a drill's wrapper)

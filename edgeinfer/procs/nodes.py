@@ -16,6 +16,7 @@ control nodes of a run), edgeinfer.bench.transport (a null runtime).
 from __future__ import annotations
 
 import os
+import re
 import select
 import signal
 import subprocess
@@ -109,6 +110,15 @@ class Node:
         self.descendants.update((p.pid, p) for p in children)
 
 
+def _said(tail: str) -> str:
+    """How a start-up error quotes a node's log: the command line's own one-line error (`edgeinfer CMD: error:
+    ...`, which names the cause and the fix, e.g. a CURVE mismatch) when its log ends with one, else the tail."""
+    last = tail.rstrip().rpartition("\n")[2]
+    if re.match(r"edgeinfer [\w-]+: error: ", last) and "usage:" not in tail:
+        return f": {last}"
+    return f":\n{tail}"
+
+
 def spawn(spec: NodeSpec) -> Node:
     """Start one node (see the module docstring). Raises OSError when it cannot be started, RuntimeError when
     the fork server cannot fork it."""
@@ -171,7 +181,7 @@ class NodeGroup:
         for node in self.nodes if nodes is None else nodes:
             if node.poll() is not None:
                 how, tail = node.exit_report()
-                raise RuntimeError(f"{node.name} process {how} during start-up:\n{tail}")
+                raise RuntimeError(f"{node.name} process {how} during start-up{_said(tail)}")
 
     def await_hello(self, node: Node, timeout_s: float, check: Callable[[], None] | None = None) -> None:
         """Wait until the service `node` publishes a Hello on its spec's ready endpoint (its own start-up
@@ -186,7 +196,7 @@ class NodeGroup:
                 check()
             if node.poll() is not None:
                 how, tail = node.exit_report()
-                raise RuntimeError(f"{node.name} process {how} during start-up:\n{tail}")
+                raise RuntimeError(f"{node.name} process {how} during start-up{_said(tail)}")
         try:
             transport.wait_for_hello([transport.Receiver(sock)], timeout_s, check=alive)
         finally:
