@@ -15,11 +15,12 @@
 The choice travels to the run report as integer counters of the runtime's Stats (choice_counters), decoded on the
 other side by choice_from_counters: the report's "engine_choice" section (sim/report.py).
 
-Cache: open_auto keeps each choice in $EDGEINFER_CACHE_DIR/engine_choice (default ~/.cache/edgeinfer), keyed by
-the policy's weights (sha256), device, threads, drafter, k, the candidates, this machine's CPU model and core count,
-and the versions of numba, torch, onnxruntime and edgeinfer: a later start with the same key opens the chosen engine
-alone (no probes: ~0.1-1 s instead of seconds), and says so ("cached" in the choice). A change of any of those
-measures again; EDGEINFER_CACHE_DIR=off never reads or writes the cache.
+Cache: open_auto keeps each choice in engine_choice/ of the engine cache (engines/cache.py: $EDGEINFER_CACHE_DIR,
+default ~/.cache/edgeinfer/engines), keyed by the policy's weights (sha256), device, threads, drafter, k, the
+candidates, this machine's CPU model and core count, and the versions of numba, torch, onnxruntime and edgeinfer: a
+later start with the same key opens the chosen engine alone (no probes: ~0.1-1 s instead of seconds), and says so
+("cached" in the choice). A change of any of those measures again; EDGEINFER_ENGINE_CHOICE=measure always measures
+(and keeps the new choice).
 """
 from __future__ import annotations
 
@@ -228,7 +229,7 @@ def open_auto(policy, device: str = "cpu", threads: int = 1, drafter="kinematic"
         drafter = make_drafter(drafter, policy)
     names = options.get("names") or candidates(device)
     path = choice_cache_file(policy, device, threads, drafter, k, names) if cache else None
-    cached = _read_choice(path)
+    cached = _read_choice(path) if os.environ.get("EDGEINFER_ENGINE_CHOICE") != "measure" else None
     if cached is not None and cached["chosen"] in names and unavailable_reason(cached["chosen"], device) is None:
         t0 = time.perf_counter()
         engine = open_engine(policy, cached["chosen"], "fp32", device, threads)
@@ -247,11 +248,11 @@ def open_auto(policy, device: str = "cpu", threads: int = 1, drafter="kinematic"
 
 
 def choice_cache_file(policy, device: str, threads: int, drafter, k: int, names: list[str]) -> Path | None:
-    """The cache file of a choice (module docstring), or None when the policy has no weights hash or the cache is
-    off (EDGEINFER_CACHE_DIR=off)."""
-    root = os.environ.get("EDGEINFER_CACHE_DIR")
+    """The cache file of a choice (module docstring), or None when the policy has no weights hash."""
+    from edgeinfer.engines.cache import default_root
+
     sha = (getattr(policy, "manifest", None) or {}).get("sha256")
-    if root == "off" or not sha:
+    if not sha:
         return None
     cpu = next((line.split(":", 1)[1].strip() for line in _cpuinfo() if line.startswith("model name")), "unknown")
     versions = {}
@@ -263,7 +264,7 @@ def choice_cache_file(policy, device: str, threads: int, drafter, k: int, names:
     key = {"policy": sha, "device": device, "threads": threads, "drafter": getattr(drafter, "name", None), "k": k,
            "candidates": list(names), "cpu": cpu, "cores": os.cpu_count(), "versions": versions}
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:24]
-    return Path(root or Path.home() / ".cache" / "edgeinfer") / "engine_choice" / f"{digest}.json"
+    return default_root() / "engine_choice" / f"{digest}.json"
 
 
 def _cpuinfo() -> list[str]:

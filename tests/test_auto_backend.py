@@ -161,7 +161,7 @@ def test_the_choice_reaches_a_real_replays_report(tmp_path):
 def test_the_choice_is_cached_per_policy_and_machine_and_reused_without_probes(policy, tmp_path, monkeypatch):
     """open_auto keeps its choice under EDGEINFER_CACHE_DIR: the next start with the same key opens the chosen engine
     alone (choose_engine is not called), a different key (threads) measures again, a corrupt file is measured over,
-    and EDGEINFER_CACHE_DIR=off neither reads nor writes."""
+    and EDGEINFER_ENGINE_CHOICE=measure measures whatever the cache holds."""
     from edgeinfer.engines import auto
 
     monkeypatch.setenv("EDGEINFER_CACHE_DIR", str(tmp_path))
@@ -182,6 +182,6 @@ def test_the_choice_is_cached_per_policy_and_machine_and_reused_without_probes(p
     files[0].write_text("{not json")
     _, remeasured = auto.open_auto(policy, "cpu", 1, "kinematic", 4, n_probes=3, names=names)
     assert remeasured["cached"] is None and json.loads(files[0].read_text())["chosen"] == remeasured["chosen"]
-    monkeypatch.setenv("EDGEINFER_CACHE_DIR", "off")
-    _, off = auto.open_auto(policy, "cpu", 1, "kinematic", 4, n_probes=3, names=names)
-    assert off["cached"] is None and auto.choice_cache_file(policy, "cpu", 1, None, 4, names) is None
+    monkeypatch.setenv("EDGEINFER_ENGINE_CHOICE", "measure")
+    _, forced = auto.open_auto(policy, "cpu", 1, "kinematic", 4, n_probes=3, names=names)
+    assert forced["cached"] is None
