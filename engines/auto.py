@@ -69,11 +69,12 @@ def probe_states(policy, n: int, seed: int = 0) -> list[tuple[np.ndarray, np.nda
 
 def probe_observations(policy, n: int) -> tuple[list[tuple[np.ndarray, np.ndarray, np.ndarray]], str]:
     """n probe robot states and where they came from: real held-out windows of the policy's own recordings when
-    they are on this machine (the built-in policy's Schunk runs: a learned drafter's acceptance on them is what a
+    they are on this machine (a policy trained on the Schunk runs, as the shipped ones: a learned drafter's acceptance on them is what a
     replay sees, 0.66 for the large policy's, against 0.22 on synthetic states), else probe_states (synthetic)."""
     from edgeinfer.engines.policy import Policy
 
-    if isinstance(policy, Policy):
+    data = (getattr(policy, "manifest", None) or {}).get("data") or {"format": "schunk"}  # shipped: no "data"
+    if isinstance(policy, Policy) and data.get("format") == "schunk" and policy.cfg.n_joints == 6:
         from edgeinfer.engines.calibration import sample_windows
 
         try:
@@ -200,7 +201,8 @@ _KINDS = ("unavailable", "build error", "not exact")
 def choice_counters(choice: dict) -> dict[str, int]:
     """The choice dict of choose_engine as integer counters under PREFIX (times in us)."""
     out = {f"{PREFIX}chosen.{choice['chosen']}": 1, f"{PREFIX}start_up_ms": round(choice["start_up_s"] * 1e3),
-           f"{PREFIX}probes": choice["probes"], f"{PREFIX}cached": int(bool(choice.get("cached")))}
+           f"{PREFIX}probes": choice["probes"], f"{PREFIX}cached": int(bool(choice.get("cached"))),
+           f"{PREFIX}probes_real": int(str(choice.get("probes_from", "")).startswith("real"))}
     for name, f in choice["candidates"].items():
         out |= {f"{PREFIX}{name}.chunk_us_p50": round(f["chunk_ms_p50"] * 1e3),
                 f"{PREFIX}{name}.chunk_us_p90": round(f["chunk_ms_p90"] * 1e3),
@@ -214,7 +216,7 @@ def choice_counters(choice: dict) -> dict[str, int]:
 def choice_from_counters(counters: dict[str, int]) -> dict | None:
     """The report's view of choice_counters (None when the runtime did not choose): chosen, start_up_ms, probes,
     candidates {name: {chunk_ms_p50, chunk_ms_p90, exact, mismatched_tokens, k (0: target-only was faster)}},
-    excluded {name: kind}, cached (the choice came from the cache: no probes ran at this start)."""
+    excluded {name: kind}, cached (the choice came from the cache: no probes ran at this start), probes_from."""
     mine = {k[len(PREFIX):]: v for k, v in counters.items() if k.startswith(PREFIX)}
     chosen = [k.split(".", 1)[1] for k in mine if k.startswith("chosen.")]
     if not chosen:
@@ -229,6 +231,7 @@ def choice_from_counters(counters: dict[str, int]) -> dict | None:
             cands.setdefault(head, {})[tail] = value
     return {"chosen": chosen[0], "statistic": STATISTIC, "start_up_ms": mine.get("start_up_ms"),
             "probes": mine.get("probes"), "cached": bool(mine.get("cached")),
+            "probes_from": "real held-out windows" if mine.get("probes_real") else "synthetic states",
             "candidates": {n: {"chunk_ms_p50": f["chunk_us_p50"] / 1e3, "chunk_ms_p90": f["chunk_us_p90"] / 1e3,
                                "exact": f["mismatched_tokens"] == 0, "mismatched_tokens": f["mismatched_tokens"],
                                "k": f.get("k")}

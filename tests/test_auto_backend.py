@@ -1,6 +1,7 @@
 """`backend="auto"` (engines/auto.py): the fastest exact engine by measured chunk time, every exclusion with its
 reason, the mode/precision rules of RuntimeConfig, and the choice in a real replay's report."""
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -176,6 +177,10 @@ def test_the_choice_is_cached_per_policy_and_machine_and_reused_without_probes(p
     assert again["candidates"] == first["candidates"] and again["probes"] == first["probes"]
     counters = auto.choice_counters(again)
     assert auto.choice_from_counters(counters)["cached"] is True
+    real = first["probes_from"].startswith("real held-out windows")  # where the Schunk runs are on this machine
+    assert real == (Path(__file__).resolve().parents[2] / "shared/data/schunk_lwa4p/measurement_1").is_dir()
+    want = "real held-out windows" if real else "synthetic states"
+    assert auto.choice_from_counters(counters)["probes_from"] == want
     monkeypatch.setattr(auto, "choose_engine", measured)
     _, other = auto.open_auto(policy, "cpu", 2, "kinematic", 4, n_probes=3, names=names)  # another key
     assert other["cached"] is None and len(list((tmp_path / "engine_choice").glob("*.json"))) == 2

@@ -69,3 +69,15 @@ def test_cli_rejects_bad_ks(capsys):
     with pytest.raises(SystemExit) as e:
         edgeinfer_cli(["bench", "spec", "--ks", "1,x"])
     assert e.value.code == 2 and "--ks must be comma separated integers" in capsys.readouterr().err
+
+
+def test_rows_describe_the_reference_and_the_engine_the_product_runs(cli_run):
+    """Every row set twice: on torch (the reference) and on packed (what backend auto runs on a CPU), with the same
+    tokens: both are exact against their own target-only decoding."""
+    by_backend = {}
+    for r in cli_run[2]:
+        by_backend.setdefault(r["backend"], {})[r["name"]] = r
+    assert set(by_backend) == {"torch", "packed"}
+    assert set(by_backend["torch"]) == set(by_backend["packed"])
+    for name, r in by_backend["packed"].items():
+        assert r["exact"] == by_backend["torch"][name]["exact"], name

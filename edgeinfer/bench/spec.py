@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -315,7 +316,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--data-dir", type=Path, default=None,
                     help="Schunk runs (default $EDGEINFER_DATA_DIR or ../shared/data/schunk_lwa4p)")
     ap.add_argument("--per-run", type=int, default=12, help="consecutive chunks per held-out run (20 runs)")
-    ap.add_argument("--backend", default="torch", help="target engine backend (default torch, the reference)")
+    ap.add_argument("--backend", default="torch,packed",
+                    help="target engine backends, comma separated, each a full set of rows (default torch,packed: the "
+                         "reference and the engine backend auto picks on a CPU; packed is skipped where numba is not)")
     ap.add_argument("--drafters", default=None, help="comma separated (default: every registered drafter)")
     ap.add_argument("--ks", default=None, help="comma separated speculation lengths of the fixed-k rows "
                                                f"(default {','.join(map(str, KS))}); the adaptive rows choose "
@@ -344,11 +347,23 @@ def main(argv: list[str] | None = None) -> int:
     if min(ks) < 1:
         ap.error(f"--ks must all be >= 1, got {args.ks!r}")
     check_output(args.json)
-    result = bench_spec(data_dir=args.data_dir, per_run=args.per_run, drafters=drafters, ks=ks,
-                        backend=args.backend, peer=not args.no_peer, repeats=args.repeats, stress=not args.no_stress,
-                        slow_ms=args.slow_drafter_ms)
-    print_table(result)
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result["rows"], indent=2) + "\n")  # one entry per row
+    from edgeinfer.engines.engine import BACKENDS, unavailable_reason
+
+    backends = [b.strip() for b in args.backend.split(",") if b.strip()]
+    if not backends or set(backends) - set(BACKENDS):
+        unknown = sorted(set(backends) - set(BACKENDS)) or "none given"
+        ap.error(f"--backend: unknown {unknown}; known: {sorted(BACKENDS)}")
+    rows = []
+    for i, backend in enumerate(backends):
+        if backend == "packed" and unavailable_reason(backend) is not None:
+            print(f"bench spec: skipping packed: {unavailable_reason(backend)}", file=sys.stderr)
+            continue
+        result = bench_spec(data_dir=args.data_dir, per_run=args.per_run, drafters=drafters, ks=ks, backend=backend,
+                            peer=not args.no_peer and i == 0, repeats=args.repeats, stress=not args.no_stress,
+                            slow_ms=args.slow_drafter_ms)  # the peer once: it runs its own models
+        print_table(result)
+        rows += [{**r, "backend": backend} for r in result["rows"]]
+        if args.json:
+            args.json.parent.mkdir(parents=True, exist_ok=True)
+            args.json.write_text(json.dumps(rows, indent=2) + "\n")  # one entry per row, after each backend
     return 0
