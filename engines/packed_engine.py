@@ -90,7 +90,8 @@ CLAIM = 6 * LINE  # CLAIM + (sid & 1) * LINE: sid * 4 while half 1 of stage sid 
 #                   | 2 taken by the engine thread itself
 DONE = 8 * LINE  # DONE + (sid & 1) * LINE: the last sid whose half 1 the worker finished
 STOPPED, SHARED = 10 * LINE, 11 * LINE  # 1: the worker must return; halves the worker computed
-SPIN_LIMIT = 300_000  # idle spins before the worker naps (~0.3-1 ms: covers the gaps between a chunk's passes)
+SPIN_LIMIT = 2_000_000  # idle spins before the worker naps (~1 ms: longer than the gaps between a chunk's passes)
+SPIN_IDLE = 2_000  # idle spins after a nap during which the engine ran no stage (between chunks: ~2 % of a core)
 NAP_S = 0.001  # a nap between chunks: the worker costs ~2 % of a core while the engine idles
 
 
@@ -284,15 +285,15 @@ def _pass(ctl, w, off, dims, eps, k_cache, v_cache, x, ln, h, qkv, att, mlp, out
 
 
 @_vkernel
-def _worker(ctl, w, off, dims, eps, k_cache, v_cache, x, ln, h, qkv, att, mlp, out, scores, acc, obs, ptok):
+def _worker(ctl, w, off, dims, eps, k_cache, v_cache, x, ln, h, qkv, att, mlp, out, scores, acc, obs, ptok, spins):
     """The second thread: claim half 1 of each stage the engine thread publishes and compute it; return after
-    SPIN_LIMIT idle spins (to nap) with the halves computed, or -1 once STOPPED."""
+    `spins` idle spins (to nap) with the halves computed, or -1 once STOPPED."""
     seen, idle, halves = load(ctl, STAGE), 0, 0
     while load(ctl, STOPPED) == 0:
         sid = load(ctl, STAGE)
         if sid == seen:
             idle += 1
-            if idle > SPIN_LIMIT:
+            if idle > spins:
                 return halves
             continue
         seen, idle = sid, 0
@@ -323,10 +324,13 @@ def _greedy(ctl, w, off, dims, eps, k_cache, v_cache, x, ln, h, qkv, att, mlp, o
 
 
 def _serve(ctl: np.ndarray, arrays: tuple) -> None:
-    """The worker thread's body: follow the engine's stages (_worker, without the GIL), nap when it idles; return
-    once STOPPED."""
-    while _worker(ctl, *arrays) >= 0:
+    """The worker thread's body: follow the engine's stages (_worker, without the GIL), nap when it idles (spinning
+    long after work or when the engine ran a stage during the nap, briefly otherwise); return once STOPPED."""
+    spins = SPIN_LIMIT
+    while (halves := _worker(ctl, *arrays, spins)) >= 0:
+        seen = ctl[STAGE]
         time.sleep(NAP_S)
+        spins = SPIN_LIMIT if halves or ctl[STAGE] != seen else SPIN_IDLE  # a chunk under way: catch its next stage
 
 
 class PackedEngine:
@@ -379,7 +383,7 @@ class PackedEngine:
         self._worker = None
         if threads == 2:
             self._ctl[STOPPED] = 1
-            _worker(self._ctl, *self._arrays)  # compiles (or loads from the cache) now, not in the first chunk
+            _worker(self._ctl, *self._arrays, 0)  # compiles (or loads from the cache) now, not in the first chunk
             self._ctl[STOPPED] = 0
             self._worker = threading.Thread(target=_serve, args=(self._ctl, self._arrays), name="packed-engine-worker",
                                             daemon=True)
