@@ -69,8 +69,9 @@ def probe_states(policy, n: int, seed: int = 0) -> list[tuple[np.ndarray, np.nda
 
 def probe_observations(policy, n: int) -> tuple[list[tuple[np.ndarray, np.ndarray, np.ndarray]], str]:
     """n probe robot states and where they came from: real held-out windows of the policy's own recordings when
-    they are on this machine (a policy trained on the Schunk runs, as the shipped ones: a learned drafter's acceptance on them is what a
-    replay sees, 0.66 for the large policy's, against 0.22 on synthetic states), else probe_states (synthetic)."""
+    they are on this machine (a policy trained on the Schunk runs, as the shipped ones: a learned drafter's
+    acceptance on them is what a replay sees, 0.66 for the large policy's, against 0.22 on synthetic states), else
+    probe_states (synthetic)."""
     from edgeinfer.engines.policy import Policy
 
     data = (getattr(policy, "manifest", None) or {}).get("data") or {"format": "schunk"}  # shipped: no "data"

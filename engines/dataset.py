@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from edgeinfer.engines.policy import observation_features
+from edgeinfer.engines.features import observation_features
 from edgeinfer.logs.samples import find_gaps
 
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -29,46 +28,11 @@ import torch.nn.functional as F
 from edgeinfer.core.progress import Progress, say
 from edgeinfer.engines.drafters import early_exit_policy
 from edgeinfer.engines.evaluate import greedy_decode_batch
+from edgeinfer.engines.fit_config import DistillConfig  # noqa: F401  (its config: `edgeinfer distill`)
 from edgeinfer.engines.fit_data import SCHUNK_DATA, FitData, load_fit_data
-from edgeinfer.engines.model import ActionTransformer, PolicyConfig
-from edgeinfer.engines.paths import DEFAULT_POLICY, TRAINED_DIR, check_writable
+from edgeinfer.engines.model import ActionTransformer
 from edgeinfer.engines.policy import Policy
-from edgeinfer.engines.train import FitConfig, warmup_fraction
-
-
-@dataclass(kw_only=True)
-class DistillConfig(FitConfig):
-    """Distillation of the learned drafter from the target (training units distil, held-out units measure)."""
-
-    target: Path = DEFAULT_POLICY  # manifest JSON of the target distilled from (`edgeinfer train --out`)
-    # The logs (as `edgeinfer train --data`; None: the data, reader options and split of the target's manifest,
-    # the Schunk recordings for the shipped target).
-    data: Path | None = None
-    # Manifest JSON of the draft, weights next to it (`.pt`) (None: out/policies/<target name>_draft.json under
-    # the working directory, the target's name without "_target"). Never engines/weights/ without
-    # --overwrite-shipped.
-    out: Path | None = None
-    lr: float = 6e-3  # peak learning rate (AdamW)
-    d_model: int = 64  # the student's width
-    n_layers: int = 1  # the student's transformer blocks
-    n_heads: int = 4  # the student's attention heads
-    init_from_target: bool = True  # start from the target's first n_layers blocks, embeddings, ln_f and head
-    # Start from this policy's weights instead (a manifest JSON of the student's shape, e.g. the shipped small
-    # target engines/weights/schunk_target.json for a draft of the large one); its width, layers and heads
-    # replace d_model, n_layers and n_heads, and it must share the target's tokenizer and normalisation.
-    init_from: Path | None = None
-    eval_k: int = 4  # drafts per target pass of the held-out acceptance metric
-
-    def __post_init__(self):
-        super().__post_init__()
-        self.target = Path(self.target)
-        self.init_from = Path(self.init_from) if self.init_from is not None else None
-        name = self.target.stem.removesuffix("_target")
-        self.out = Path(self.out) if self.out is not None else TRAINED_DIR / f"{name}_draft.json"
-        check_writable(self.out, self.overwrite_shipped)
-        if self.eval_k < 1:
-            raise ValueError(f"DistillConfig.eval_k must be >= 1, got {self.eval_k}")
-        PolicyConfig(d_model=self.d_model, n_layers=self.n_layers, n_heads=self.n_heads)  # raises on a bad shape
+from edgeinfer.engines.train import warmup_fraction
 
 
 def target_tokens(model: ActionTransformer, obs: torch.Tensor, batch: int = 4096) -> torch.Tensor:

@@ -20,22 +20,11 @@ import torch
 
 from edgeinfer.core.config import load
 from edgeinfer.engines.dct_tokenizer import DctTokenizer
+from edgeinfer.engines.features import feature_increment, observation_features  # noqa: F401  (re-exported)
 from edgeinfer.engines.model import ActionTransformer, PolicyConfig
 from edgeinfer.engines.paths import DEFAULT_POLICY
 from edgeinfer.engines.tokenizer import ActionTokenizer, tokenizer_from_state
 from edgeinfer.engines.weights_io import MAX_WEIGHTS_MB, inside, load_state_dict
-
-
-def observation_features(q_rad: np.ndarray, qd_rad_s: np.ndarray, q_prev_rad: np.ndarray) -> np.ndarray:
-    """Raw features (..., 3D) float64: q (rad), qd (rad/s), and the last chunk-step increment q - q_prev (rad)."""
-    return np.concatenate([q_rad, qd_rad_s, q_rad - q_prev_rad], axis=-1)
-
-
-def feature_increment(features: np.ndarray) -> np.ndarray:
-    """The last chunk-step increment q - q_prev (..., D) rad of raw features (..., 3D) (observation_features): what
-    a DCT tokenizer takes its coefficients about (engines/dct_tokenizer.py)."""
-    d = features.shape[-1] // 3
-    return features[..., 2 * d:3 * d]
 
 
 @dataclass(frozen=True)

@@ -13,9 +13,6 @@ when the policy is not better than both.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Literal
 
 import numpy as np
 import torch
@@ -26,72 +23,11 @@ from edgeinfer.core.progress import Progress, say
 from edgeinfer.engines.dataset import step_increments
 from edgeinfer.engines.dct_tokenizer import DctTokenizer
 from edgeinfer.engines.evaluate import evaluate_policy, heldout_lines
-from edgeinfer.engines.fit_data import SCHUNK_DATA, FitDataConfig, default_horizon, default_stride_ticks, load_fit_data
+from edgeinfer.engines.fit_config import MAX_HORIZON, FitConfig, TrainConfig, warmup_fraction  # noqa: F401
+from edgeinfer.engines.fit_data import default_horizon, default_stride_ticks, load_fit_data
 from edgeinfer.engines.model import POLICY_SIZES, ActionTransformer, PolicyConfig
-from edgeinfer.engines.paths import TRAINED_DIR, check_writable
 from edgeinfer.engines.policy import Policy, feature_increment
 from edgeinfer.engines.tokenizer import ActionTokenizer, encode_chunk
-
-
-@dataclass(kw_only=True)
-class FitConfig(FitDataConfig):
-    """What every fit of a model to logs shares (training the target, distilling the drafter): the data, the
-    seed, the optimizer's schedule and where the result may be written."""
-
-    seed: int = 0  # seed of the initial weights and the batch order
-    steps: int = 3000  # optimizer steps
-    batch_size: int = 256  # windows per step
-    lr: float = 2e-3  # peak learning rate (AdamW)
-    # Allow --out inside the package's engines/weights/ (regenerating the shipped Schunk policies on purpose).
-    overwrite_shipped: bool = False
-
-    def __post_init__(self):
-        super().__post_init__()
-        if self.steps < 1 or self.batch_size < 1 or self.lr <= 0:
-            raise ValueError(f"{type(self).__name__}.steps, batch_size and lr must be positive")
-
-
-@dataclass(kw_only=True)
-class TrainConfig(FitConfig):
-    """Training of the target policy (training units fit, held-out units measure)."""
-
-    # The logs: a LeRobot dataset (each episode a unit), a folder of logs (each a unit) or one log (split by
-    # time); any format `edgeinfer replay --log` reads.
-    data: Path = SCHUNK_DATA
-    # Manifest JSON of the policy, weights next to it (`.pt`) (None: out/policies/<data name>_target.json
-    # under the working directory). Never engines/weights/ without --overwrite-shipped.
-    out: Path | None = None
-    n_bins: int = 64  # action token bins per joint (per coefficient and joint for --tokenizer dct)
-    # The action tokens: step (one per chunk step and joint, step-major; engines/tokenizer.py) or dct (one per DCT
-    # coefficient and joint, low frequency first, so that any verified prefix spans the whole horizon;
-    # engines/dct_tokenizer.py).
-    tokenizer: Literal["step", "dct"] = "step"
-    # The transformer's size: small (d_model 64, 2 layers, 4 heads: 0.11 M parameters on the Schunk chunk, the
-    # shipped schunk_target) or large (d_model 256, 4 layers, 8 heads: 3.2 M parameters, schunk_large_target).
-    size: Literal["small", "large"] = "small"
-    # Action steps per chunk (None: as many, up to 8, as keep H x joints within 48 tokens per 20 ms of chunk
-    # step, so that a chunk decodes within one step wherever the Schunk chunk does; see engines/fit_data.py).
-    horizon: int | None = None
-    stride_ticks: int | None = None  # control ticks per action step (None: a step of about 20 ms, at least 1 tick)
-
-    def __post_init__(self):
-        super().__post_init__()
-        self.out = Path(self.out) if self.out is not None else TRAINED_DIR / f"{self.data.resolve().name}_target.json"
-        check_writable(self.out, self.overwrite_shipped)
-        for name in ("horizon", "stride_ticks"):
-            if getattr(self, name) is not None and getattr(self, name) < 1:
-                raise ValueError(f"TrainConfig.{name} must be >= 1, got {getattr(self, name)}")
-        if self.horizon is not None and self.horizon > MAX_HORIZON:
-            raise ValueError(f"TrainConfig.horizon must be <= {MAX_HORIZON} chunk steps, got {self.horizon} (a chunk "
-                             "of horizon x joints tokens is decoded one target pass at a time)")
-
-
-MAX_HORIZON = 64  # chunk steps a trained policy may have (the wire carries up to 256)
-
-
-def warmup_fraction(steps: int) -> float:
-    """OneCycleLR's warm-up: 5% of the steps, at least 3 (so that short smoke runs keep a valid schedule)."""
-    return min(0.3, max(0.05, 3 / steps))
 
 
 def train(cfg: TrainConfig, console: Console | None = None) -> Policy:

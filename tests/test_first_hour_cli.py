@@ -119,3 +119,17 @@ def test_an_invalid_slo_fails_the_replay(tmp_path):
                       "--plots", "false", "--run-mcap", "false", timeout=300)
     assert proc.returncode == 3, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "INVALID" in proc.stderr
+
+
+def test_train_and_distill_help_import_no_torch():
+    """`edgeinfer train --help` took 4 s: its config imported torch. The configs live in engines/fit_config.py, which
+    imports no torch (nor does the command table, nor the data loaders)."""
+    code = ("import sys, edgeinfer.engines.fit_config, edgeinfer.core.commands; "
+            "print(sorted(m for m in ('torch', 'onnxruntime', 'numba') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
+    from edgeinfer.core.commands import config_classes
+
+    assert [c.__name__ for c in config_classes("train")] == ["TrainConfig"]
+    assert [c.__name__ for c in config_classes("distill")] == ["DistillConfig"]
