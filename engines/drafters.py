@@ -151,6 +151,7 @@ class ModelDrafter:
         self._fed: list[int] = []
         self._obs: np.ndarray | None = None  # the chunk's features until the draft engine's prefill has run
         self._rows = np.zeros((policy.cfg.seq_len, policy.cfg.n_bins), np.float32)
+        self._rowless = policy.cfg.seq_len  # _fed[_rowless:] were fed by a greedy_run, without logits rows
 
     def reset(self, q_rad, qd_rad_s, q_prev_rad) -> None:
         """Take the chunk's observation. The draft engine's prefill waits for the first proposal, so a chunk
@@ -159,6 +160,7 @@ class ModelDrafter:
         self.guess.reset(q_rad, qd_rad_s, q_prev_rad)
         self._obs = self.policy.features(q_rad, qd_rad_s, q_prev_rad)
         self._fed = []
+        self._rowless = len(self._rows)
 
     def _prefill(self) -> None:
         if self._obs is not None:
@@ -176,12 +178,14 @@ class ModelDrafter:
     def _draft_run(self, tokens: Sequence[int], k: int, run) -> list[int]:
         """The model's autoregressive drafts in ONE engine call (Engine.greedy_run: k passes back to back): sync
         the cache to tokens[:-1], then passes at positions n..n+k-1 (n = len(tokens)) each feeding the token
-        before. Those passes write the cache past n - 1 without logits rows, so `_fed` stops at n - 1."""
+        before. The cache then holds tokens + drafts[:-1], so the next proposal, after the target kept some drafts,
+        feeds nothing before its run; those positions have no logits rows (`_rowless`: from there)."""
         self._prefill()
         seq = list(tokens)
-        self._sync(seq[:-1])
+        self._sync(seq[:-1])  # a prefix of what the last run fed: no pass
         drafts = run(seq, k)
-        del self._fed[len(seq) - 1:]
+        self._fed = seq + drafts[:-1]
+        self._rowless = min(self._rowless, len(seq) - 1)
         self.passes += k
         return drafts
 
@@ -200,6 +204,8 @@ class ModelDrafter:
 
     def _draft(self, tokens: Sequence[int], k: int, pick: Callable[[np.ndarray], int], passes: int) -> list[int]:
         """k drafts after tokens, each pick(row) of its logits row, with at most `passes` engine passes."""
+        del self._fed[self._rowless:]  # positions a greedy_run fed have no rows: fed again below
+        self._rowless = len(self._rows)
         self._prefill()
         seq, n = list(tokens), len(tokens)
         passes -= self._sync(seq + self.guess.propose(seq, k - 1))

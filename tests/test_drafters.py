@@ -164,3 +164,30 @@ def test_the_learned_drafter_is_the_one_beside_the_policys_manifest(tmp_path):
     assert "learned" not in applicable_drafters(lone) and "learned" in applicable_drafters(dct)
     with pytest.raises(FileNotFoundError, match="lone_draft.json.*edgeinfer distill"):
         make_drafter("learned", lone)
+
+
+def test_learned_drafts_in_one_greedy_run_are_the_draft_models_greedy_tokens():
+    """The large policy's learned drafter drafts autoregressively in one greedy_run call per proposal and keeps what
+    that run fed in its cache. After any number of its drafts is kept and a correction appended, its next drafts are
+    still the draft model's own greedy continuation (here against the model in torch, cache-free)."""
+    from edgeinfer.engines.paths import LARGE_POLICY
+
+    large = load_policy(LARGE_POLICY)
+    drafter = make_drafter("learned", large)
+    assert drafter.max_passes is None and hasattr(drafter.engine, "greedy_run")
+    model, rng = drafter.policy.model, np.random.default_rng(5)
+    q, qd, q_prev = (np.asarray(a, np.float64) for a in large.warmup_state())
+    drafter.reset(q, qd, q_prev)
+    obs = torch.as_tensor(drafter.policy.features(q, qd, q_prev), dtype=torch.float32)[None]
+    committed = [int(rng.integers(0, large.cfg.n_bins))]
+    while len(committed) < large.cfg.n_tokens - 6:
+        k = int(rng.integers(1, 6))
+        drafts = drafter.propose(committed, k)
+        want, seq = [], list(committed)
+        with torch.inference_mode():
+            for _ in range(k):
+                want.append(int(model(obs, torch.tensor([seq]))[0, -1].argmax()))
+                seq.append(want[-1])
+        assert drafts == want, f"after {len(committed)} committed tokens, k={k}"
+        kept = int(rng.integers(0, k + 1))
+        committed += drafts[:kept] + [int(rng.integers(0, large.cfg.n_bins))]  # kept drafts, then a correction
