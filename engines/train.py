@@ -38,6 +38,7 @@ def train(cfg: TrainConfig, console: Console | None = None) -> Policy:
     with a warning when the policy is not better than both; the manifest records them ("heldout", and "data"
     "warnings"). Raises as engines.fit_data.load_fit_data for data it cannot use."""
     console = console or Console()
+    say(console, f"train: reading {cfg.data}")
     data = load_fit_data(cfg)
     for warning in data.warnings:
         say(console, f"data: {warning}", "yellow")
@@ -73,6 +74,7 @@ def train(cfg: TrainConfig, console: Console | None = None) -> Policy:
     model.eval()
     policy = Policy(model, tokenizer, mean, std, manifest={})
     ho_feats, ho_offsets, ho_units = data.windows("held_out", horizon, stride, with_units=True)
+    say(console, f"train: decoding {len(ho_feats)} held-out windows for the verdict")
     # consecutive windows share the future over horizon x stride ticks: the bootstrap's block (evaluate.py)
     metrics = evaluate_policy(policy, ho_feats, ho_offsets, units=ho_units, block_windows=horizon * stride,
                               seed=cfg.seed)

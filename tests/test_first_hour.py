@@ -259,5 +259,7 @@ def test_train_piped_to_a_log_reports_its_steps(tmp_path, schunk_dir):
                                    "--out", str(tmp_path / "p" / "mini_target.json")], timeout_s=600)
     assert out.returncode == 0, out.stderr[-2000:]
     lines = out.stdout.splitlines()
+    assert lines[0] == f"train: reading {schunk_dir}", out.stdout[-2000:]  # before the logs are read
     assert any(line.startswith("training target: 0/4 (0 %)") for line in lines), out.stdout[-2000:]
+    assert any(line.startswith("train: decoding ") and "held-out windows" in line for line in lines)
     assert "training target: done, 4/4 in" in out.stdout
