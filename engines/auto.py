@@ -10,7 +10,8 @@
                  costs and dropped. A candidate's time is the better of the two decodes: the runtime's adaptive
                  planner (core/adaptive.py) turns speculation off where it does not pay, as it does on the fused
                  engine, whose verify pass of k + 1 tokens costs about k + 1 single-token passes
-    choice       the exact candidate with the lowest p90 chunk time (STATISTIC); the others are closed
+    choice       the exact candidate with the lowest median chunk time (STATISTIC; its p90 reported beside it); the
+                 others are closed
 
 The choice travels to the run report as integer counters of the runtime's Stats (choice_counters), decoded on the
 other side by choice_from_counters: the report's "engine_choice" section (sim/report.py).
@@ -38,7 +39,10 @@ from edgeinfer.core.acceptance import Greedy
 from edgeinfer.core.speculative import FixedK, speculative_decode
 from edgeinfer.engines.engine import unavailable_reason
 
-STATISTIC = "p90"  # of the measured chunk times: a tail, since a chunk's deadline is what the runtime keeps
+# of the measured chunk times: the median. The tail of 16 probes is the start-up's noise (the other nodes start at the
+# same time): at a large-policy main job's start packed measured p50 6.6 / p90 12.0 ms and onnxruntime 9.3 / 10.5 ms,
+# and p90 chose onnxruntime, 2x slower in the run (bench: packed 4.96 ms against onnxruntime 16 ms)
+STATISTIC = "p50"
 DISCARD_CHUNKS = 2  # the first chunks of each candidate: allocation, lazy binding, caches
 PROBE_OBSERVATIONS = 16  # decoded by every candidate: the exactness check and the timing
 PREFIX = "engine_choice."  # of the Stats counters that carry the choice
@@ -72,10 +76,7 @@ def probe_observations(policy, n: int) -> tuple[list[tuple[np.ndarray, np.ndarra
     they are on this machine (a policy trained on the Schunk runs, as the shipped ones: a learned drafter's
     acceptance on them is what a replay sees, 0.66 for the large policy's, against 0.22 on synthetic states), else
     probe_states (synthetic)."""
-    from edgeinfer.engines.policy import Policy
-
-    data = (getattr(policy, "manifest", None) or {}).get("data") or {"format": "schunk"}  # shipped: no "data"
-    if isinstance(policy, Policy) and data.get("format") == "schunk" and policy.cfg.n_joints == 6:
+    if probe_source_kind(policy) == "real":
         from edgeinfer.engines.calibration import sample_windows
 
         try:
@@ -133,8 +134,8 @@ def choose_engine(policy, open_engine: Callable, device: str = "cpu", threads: i
     candidates(device)); clock: ns (default time.perf_counter_ns); available(backend, device): why one cannot
     run (None: it can;
     engines.engine.unavailable_reason). Tests inject the last three. The choice dict: statistic, probes, chosen,
-    candidates {name: {chunk_ms_p50, chunk_ms_p90, k (the faster decode: 0 target-only), chunk_ms_p90_by_k, exact,
-    mismatched_tokens, open_s}}, excluded {name: reason},
+    candidates {name: {chunk_ms_p50, chunk_ms_p90, k (the faster decode: 0 target-only), chunk_ms_p50_by_k,
+    chunk_ms_p90_by_k, exact, mismatched_tokens, open_s}}, excluded {name: reason},
     start_up_s. Raises what opening torch fp32 (the reference) raises, and RuntimeError listing every candidate's
     reason when none is exact and available.
     """
@@ -164,11 +165,11 @@ def choose_engine(policy, open_engine: Callable, device: str = "cpu", threads: i
     for name in opened:
         runs = {kk: v for (n, kk), v in measured.items() if n == name}
         mismatched = int(sum(np.sum(np.asarray(t) != r) for _, tokens in runs.values() for t, r in zip(tokens, ref)))
-        p90 = {kk: float(np.percentile(times[DISCARD_CHUNKS:] / 1e6, 90)) for kk, (times, _) in runs.items()}
-        best_k = min(p90, key=p90.get)
-        times_ms = runs[best_k][0][DISCARD_CHUNKS:] / 1e6
-        figures[name] = {"chunk_ms_p50": round(float(np.percentile(times_ms, 50)), 4),
-                         "chunk_ms_p90": round(p90[best_k], 4), "k": best_k,
+        p50, p90 = ({kk: float(np.percentile(times[DISCARD_CHUNKS:] / 1e6, q)) for kk, (times, _) in runs.items()}
+                    for q in (50, 90))
+        best_k = min(p50, key=p50.get)
+        figures[name] = {"chunk_ms_p50": round(p50[best_k], 4), "chunk_ms_p90": round(p90[best_k], 4), "k": best_k,
+                         "chunk_ms_p50_by_k": {str(kk): round(v, 4) for kk, v in p50.items()},
                          "chunk_ms_p90_by_k": {str(kk): round(v, 4) for kk, v in p90.items()},
                          "exact": mismatched == 0, "mismatched_tokens": mismatched, "open_s": open_s[name]}
         if mismatched:
@@ -177,15 +178,15 @@ def choose_engine(policy, open_engine: Callable, device: str = "cpu", threads: i
             engines[name] = opened[name]
     if not engines:
         raise RuntimeError(f"backend auto: no exact engine available on {device}: {excluded}")
-    chosen = min(engines, key=lambda n: figures[n]["chunk_ms_p90"])
+    chosen = min(engines, key=lambda n: figures[n]["chunk_ms_p50"])
     best = figures[chosen]["k"]
-    others = ", ".join(f"{n} {figures[n]['chunk_ms_p90']:.3f} ms" for n in engines if n != chosen) or "none"
+    others = ", ".join(f"{n} {figures[n]['chunk_ms_p50']:.3f} ms" for n in engines if n != chosen) or "none"
     choice = {
         "statistic": f"{STATISTIC} chunk time of {n_probes} probe chunks, the better of target-only"
                      f"{f' and speculative ({drafter.name}, k={k})' if drafter else ''}, after {DISCARD_CHUNKS} "
                      "discarded",
         "probes": n_probes + DISCARD_CHUNKS, "probes_from": probes_from, "chosen": chosen,
-        "why": f"fastest exact: {STATISTIC} {figures[chosen]['chunk_ms_p90']:.3f} ms "
+        "why": f"fastest exact: {STATISTIC} {figures[chosen]['chunk_ms_p50']:.3f} ms "
                f"({'target-only' if best == 0 else f'speculative, k={best}'}); "
                f"other exact: {others}",
         "candidates": {n: figures[n] for n in names if n in figures},
@@ -261,13 +262,13 @@ def open_auto(policy, device: str = "cpu", threads: int = 1, drafter="kinematic"
                         "why": f"{cached.get('why', '')} (measured at an earlier start, cached in {path})"}
     engine, choice = choose_engine(policy, open_engine, device, threads, drafter, k, **options)
     if path is not None:
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
         try:  # written whole, then renamed: a reader never sees half a file
             path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(f".{os.getpid()}.tmp")
             tmp.write_text(json.dumps(choice, indent=1))
             tmp.replace(path)
-        except OSError:  # a read-only home: every start measures, as before
-            pass
+        except OSError:  # a read-only home, a folder in the file's place: every start measures, as before
+            tmp.unlink(missing_ok=True)
     return engine, {**choice, "cached": None}
 
 
@@ -285,10 +286,33 @@ def choice_cache_file(policy, device: str, threads: int, drafter, k: int, names:
             versions[dist] = importlib.metadata.version(dist)
         except importlib.metadata.PackageNotFoundError:
             versions[dist] = None
+    engines = Path(__file__).resolve().parent  # this code's own version: a change of any engine measures again
+    code = hashlib.sha256(b"".join(f.read_bytes() for f in sorted(engines.glob("*.py")))).hexdigest()
     key = {"policy": sha, "device": device, "threads": threads, "drafter": getattr(drafter, "name", None), "k": k,
-           "candidates": list(names), "cpu": cpu, "cores": os.cpu_count(), "versions": versions}
+           "candidates": list(names), "cpu": cpu, "cores": os.cpu_count(), "versions": versions, "code": code,
+           "real_probes": _real_probes_here(policy)}
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:24]
     return default_root() / "engine_choice" / f"{digest}.json"
+
+
+def _real_probes_here(policy) -> bool:
+    """Whether probe_observations would find real held-out windows (cheap: a folder check, no reading): a choice
+    measured on synthetic states is not reused once the recordings are here."""
+    from edgeinfer.engines.calibration import resolve_data_dir
+
+    try:
+        return probe_source_kind(policy) == "real" and (resolve_data_dir() / "measurement_1").is_dir()
+    except Exception:  # noqa: BLE001
+        return False
+
+
+def probe_source_kind(policy) -> str:
+    """"real" for a policy whose probes may come from the Schunk runs (probe_observations), else "synthetic"."""
+    from edgeinfer.engines.policy import Policy
+
+    data = (getattr(policy, "manifest", None) or {}).get("data") or {"format": "schunk"}  # shipped: no "data"
+    ok = isinstance(policy, Policy) and data.get("format") == "schunk" and policy.cfg.n_joints == 6
+    return "real" if ok else "synthetic"
 
 
 def _cpuinfo() -> list[str]:
@@ -299,11 +323,16 @@ def _cpuinfo() -> list[str]:
 
 
 def _read_choice(path: Path | None) -> dict | None:
-    """A cached choice dict, or None (no file, or one that does not parse as a choice: measured again)."""
+    """A cached choice dict, or None (measured again) for no file or anything but a whole choice: the chosen engine
+    among its exact candidates, every figure the report reads, and counters that decode."""
     if path is None or not path.is_file():
         return None
     try:
         choice = json.loads(path.read_text())
-        return choice if isinstance(choice, dict) and isinstance(choice.get("chosen"), str) else None
-    except (OSError, ValueError):
+        chosen = choice["chosen"]
+        if not choice["candidates"][chosen]["exact"] or not isinstance(choice["why"], str):
+            return None
+        choice_from_counters(choice_counters(choice))  # raises on a figure of the wrong type or an unknown reason
+        return choice
+    except Exception:  # noqa: BLE001  (a damaged cache file is measured over, whatever is wrong with it)
         return None

@@ -24,6 +24,8 @@ Compile cost: like the fused engine's (numba, cached on disk; a cold compile tak
 from __future__ import annotations
 
 import math
+import os
+import sys
 import threading
 import time
 from typing import Sequence
@@ -353,6 +355,10 @@ class PackedEngine:
                              f"{type(model).__name__}: use torch or onnxruntime")
         if threads not in (1, 2):
             raise ValueError(f"packed engine: threads must be 1 or 2, got {threads}")
+        if threads == 2 and len(os.sched_getaffinity(0)) < 2:  # pinned to one CPU: a worker would only take turns
+            print("packed engine: this process may run on one CPU only (its affinity): one thread, not 2",
+                  file=sys.stderr)
+            threads = 1
         c = self.cfg = model.cfg
         self.precision, self.device, self.threads = precision, device, threads
         eps = {m.eps for m in model.modules() if hasattr(m, "eps") and hasattr(m, "normalized_shape")}

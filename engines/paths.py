@@ -32,11 +32,20 @@ def resolve_policy(policy: Path | str) -> Path:
 def serve_defaults(manifest: Path) -> dict:
     """The runtime settings the manifest recommends for itself ({"drafter": "learned", "threads": 2} for the large
     policy: its learned drafter and a pass shared by two threads), SERVE_FIELDS only; {} when it names none or the
-    file cannot be read here (the loader reports that, naming the file)."""
+    file cannot be read here (the loader reports that, naming the file). Raises ValueError naming the file and the
+    field for a "serve" that is not a table, threads outside 1..64 or a drafter that is not a name."""
     import json
 
     try:
         serve = json.loads(Path(manifest).read_text()).get("serve", {})
     except (OSError, ValueError, AttributeError):
         return {}
-    return {k: v for k, v in serve.items() if k in SERVE_FIELDS} if isinstance(serve, dict) else {}
+    if not isinstance(serve, dict):
+        raise ValueError(f"{manifest}: \"serve\" must be a table of {list(SERVE_FIELDS)}, got {serve!r}")
+    out = {k: v for k, v in serve.items() if k in SERVE_FIELDS}
+    threads = out.get("threads", 1)
+    if isinstance(threads, bool) or not isinstance(threads, int) or not 1 <= threads <= 64:
+        raise ValueError(f"{manifest}: serve.threads must be an integer in 1..64, got {threads!r}")
+    if not isinstance(out.get("drafter", ""), str):
+        raise ValueError(f"{manifest}: serve.drafter must be a drafter's name, got {out['drafter']!r}")
+    return out

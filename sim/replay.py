@@ -281,10 +281,11 @@ def start_up_line(runtime) -> str:
     if runtime.byo_spec is not None:
         return "runtime: loading the policy and warming it up"
     if runtime.backend == "auto":
-        return ("runtime: compiling the fused engine (first run on this machine: 15-60 s) and timing each exact "
-                "engine to pick the fastest (a few seconds)")
-    if runtime.backend == "fused":
-        return "runtime: compiling the fused engine (first run on this machine: 15-60 s), then warming it up"
+        return ("runtime: opening the engine auto chose at an earlier start, or, on a first run here, compiling the "
+                "CPU engines (15-60 s) and timing each exact engine to pick the fastest (seconds)")
+    if runtime.backend in ("fused", "packed"):
+        return (f"runtime: loading the {runtime.backend} engine (its first run on this machine compiles it: 15-60 s), "
+                "then warming it up")
     return f"runtime: loading the {runtime.backend} engine and warming it up"
 
 
@@ -292,7 +293,10 @@ def _assign_cpus(cfg: ReplayConfig) -> None:
     cpus = sorted(os.sched_getaffinity(0))
     if len(cpus) < 2 or cfg.runtime.runtime_cpus is not None or cfg.control.control_cpus is not None:
         return
-    cfg.control.control_cpus, cfg.runtime.runtime_cpus = cpus[:1], cpus[1:]
+    # the control loop gets the first CPU; the runtime the others, or every CPU when its engine shares a pass between
+    # two threads (the packed engine: the control loop, at real-time priority, preempts its worker when it ticks)
+    cfg.control.control_cpus = cpus[:1]
+    cfg.runtime.runtime_cpus = cpus if (cfg.runtime.threads or 1) >= 2 and len(cpus) == 2 else cpus[1:]
 
 
 def replay_nodes(cfg: ReplayConfig, ep: transport.Endpoints) -> list[NodeSpec]:

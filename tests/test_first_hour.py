@@ -202,7 +202,8 @@ def test_replay_says_what_it_skips_and_what_the_runtime_does_before_its_first_ch
     assert res.returncode == 0, res.stderr[-2000:]
     lines = res.stdout.splitlines()
     assert lines[0] == "run.mcap (--run-mcap false skips it) needs mcap, not installed: pip install 'edgeinfer[logs]'"
-    assert lines[1].startswith("runtime: compiling the fused engine (first run on this machine: 15-60 s)")
+    assert lines[1].startswith("runtime: opening the engine auto chose at an earlier start, or, on a first run here, "
+                               "compiling the CPU engines (15-60 s)")
     assert lines[2] == "starting runtime (speculative) and control processes: 0 s elapsed"
     done = next(i for i, line in enumerate(lines) if line.startswith("starting runtime (speculative) and control "
                                                                         "processes: done in "))

@@ -27,10 +27,26 @@ def test_the_large_policy_recommends_its_learned_drafter_on_two_threads():
     assert (cfg.drafter, cfg.threads) == ("kinematic", 1)
 
 
-@pytest.mark.parametrize("serve", [{"threads": 3, "drafter": "learned", "backend": "torch"}, "not a table"])
-def test_only_known_fields_of_a_serve_table_apply(tmp_path, serve):
+def test_only_known_fields_of_a_serve_table_apply(tmp_path):
+    manifest = tmp_path / "p.json"
+    manifest.write_text(json.dumps({"serve": {"threads": 3, "drafter": "learned", "backend": "torch"}}))
+    assert serve_defaults(manifest) == {"threads": 3, "drafter": "learned"}
+    assert serve_defaults(tmp_path / "missing.json") == {}
+
+
+@pytest.mark.parametrize("serve, named", [([1, 2], '"serve" must be a table'), ({"threads": -1}, "serve.threads"),
+                                          ({"threads": "two"}, "serve.threads"), ({"threads": None}, "serve.threads"),
+                                          ({"threads": 1.5}, "serve.threads"), ({"threads": True}, "serve.threads"),
+                                          ({"drafter": 3}, "serve.drafter")])
+def test_a_bad_serve_table_is_refused_naming_the_file_and_field(tmp_path, serve, named):
     manifest = tmp_path / "p.json"
     manifest.write_text(json.dumps({"serve": serve}))
-    want = {"threads": 3, "drafter": "learned"} if isinstance(serve, dict) else {}
-    assert serve_defaults(manifest) == want
-    assert serve_defaults(tmp_path / "missing.json") == {}
+    with pytest.raises(ValueError, match=f"{tmp_path}.*{named}"):
+        RuntimeConfig(policy=manifest)
+
+
+def test_an_unknown_recommended_drafter_is_named_with_its_source(tmp_path):
+    manifest = tmp_path / "p.json"
+    manifest.write_text(json.dumps({"serve": {"drafter": "nonexistent"}}))
+    with pytest.raises(ValueError, match="got 'nonexistent' \\(the serve table of .*p.json\\)"):
+        RuntimeConfig(policy=manifest)
