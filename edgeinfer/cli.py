@@ -92,8 +92,12 @@ def _option_error(e: OSError, p: argparse.ArgumentParser | None, args) -> str | 
             continue
         if isinstance(e, FileExistsError) and not Path(name).is_dir():
             why = f"a file is in the way of the folder {options[dest]} names; give a folder (created when missing)"
+        elif isinstance(e, FileNotFoundError) and name == str(value) and dest.endswith("policy"):
+            from edgeinfer.engines.paths import POLICY_NAMES
+
+            why = f"no such manifest file, nor a shipped policy's name ({', '.join(POLICY_NAMES)})"
         elif isinstance(e, FileNotFoundError) and name == str(value):
-            why = "no such file or folder (or its parent folder cannot be created)"
+            why = "no such file or folder (or, for an output, its parent folder cannot be created)"
         elif isinstance(e, NotADirectoryError):
             why = "a file where a folder should be"
         else:  # an endpoint's error (transport.EndpointError) says what and why already

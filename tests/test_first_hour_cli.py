@@ -43,8 +43,9 @@ def test_bad_paths_name_their_option(tmp_path):
         f"edgeinfer replay: error: --out {a_file}: a file is in the way")
     assert _one_error_line(_edgeinfer("replay", "--out", "/proc/x")).startswith(
         "edgeinfer replay: error: --out /proc/x: ")
-    assert _one_error_line(_edgeinfer("replay", "--policy", str(tmp_path / "nope.json"))).startswith(
-        f"edgeinfer replay: error: --policy {tmp_path / 'nope.json'}: no such file")
+    assert _one_error_line(_edgeinfer("replay", "--policy", str(tmp_path / "nope.json"))) == (
+        f"edgeinfer replay: error: --policy {tmp_path / 'nope.json'}: no such manifest file, nor a shipped policy's "
+        "name (default, large, dct)")
 
 
 def test_serve_on_a_port_in_use_says_so_in_one_line():
