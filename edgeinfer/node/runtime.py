@@ -131,8 +131,9 @@ class RuntimeConfig:
         if self.decode not in DECODES:
             raise ValueError(f"RuntimeConfig.decode must be one of {DECODES}, got {self.decode!r}")
         if self.drafter != "auto" and self.drafter not in DRAFTERS:
+            source = f" (the serve table of {self.policy})" if recommended.get("drafter") == self.drafter else ""
             raise ValueError(f"RuntimeConfig.drafter must be 'auto' or one of {sorted(DRAFTERS)}, "
-                             f"got {self.drafter!r}")
+                             f"got {self.drafter!r}{source}")
         self.rule()  # validates temperature, top_p, relax_bins
         if self.threads < 1:
             raise ValueError(f"RuntimeConfig.threads must be >= 1, got {self.threads}")
