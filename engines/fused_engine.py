@@ -246,7 +246,52 @@ def _greedy(w, off, dims, eps, kv, x, h, qkv, att, mlp, out, scores, obs, tokens
 
 # --- the engine ---------------------------------------------------------------------------------------
 
-class FusedEngine:
+class OneCallEngine:
+    """What the fused and packed engines share: a pass, a whole greedy chunk or a target-only stretch is ONE numba
+    call. A subclass sets cfg, backend, _obs (1, obs_dim) float32, _tokens (seq_len,) int64, _run_tokens (n_tokens,)
+    int64 and _logits1 (1, n_bins) float32, and runs its kernels in _run_pass(tokens, start, t, logits) (logits (t,
+    n_bins) of positions start..start+t-1; position 0 embeds _obs) and _run_greedy(tokens, first, last) (tokens[p]
+    for p in first..last-1, each the argmax of its pass, first on ties)."""
+
+    def forward(self, obs: np.ndarray | None, tokens: Sequence[int], start: int) -> np.ndarray:
+        """logits (T, n_bins) float32 for positions start.. (see engines/engine.py)."""
+        t = len(tokens)
+        if start == 0:
+            self._obs[0] = np.asarray(obs, np.float32)
+            self._tokens[1:1 + t] = tokens  # position 0 embeds obs; its token id is ignored
+            t += 1
+        else:
+            self._tokens[:t] = tokens
+        logits = np.empty((t, self.cfg.n_bins), np.float32)
+        self._run_pass(self._tokens, start, t, logits)
+        return logits
+
+    def rollback(self, n: int) -> None:
+        """Nothing to do: the cache is written by position (see engines/engine.py)."""
+
+    def greedy_chunk(self, obs: np.ndarray) -> list[int]:
+        """Target-only greedy decoding of a whole chunk in ONE numba call: obs (obs_dim,) float32 -> n_tokens
+        ints, the same tokens as a pass-by-pass decode (argmax of the same float32 logits, first on ties)."""
+        self._obs[0] = np.asarray(obs, np.float32)
+        tokens = np.zeros(self.cfg.n_tokens, np.int64)
+        self._run_greedy(tokens, 0, len(tokens))
+        return tokens.tolist()
+
+    def greedy_run(self, committed: Sequence[int], m: int) -> list[int]:
+        """m target-only greedy passes in ONE numba call after the committed tokens (>= 1: the prefill has run):
+        the m next tokens, each the argmax of its pass's float32 logits, as m forward calls would give
+        (core/speculative.py runs a planner's target-only stretch here). Raises ValueError past n_tokens."""
+        n = len(committed)
+        if n < 1 or n + m > self.cfg.n_tokens:
+            raise ValueError(f"{self.backend} engine: greedy_run of {m} after {n} tokens does not fit "
+                             f"{self.cfg.n_tokens}")
+        tokens = self._run_tokens
+        tokens[:n] = committed
+        self._run_greedy(tokens, n, n + m)
+        return tokens[n:n + m].tolist()
+
+
+class FusedEngine(OneCallEngine):
     """Engine (see engines/engine.py) running an ActionTransformer as one numba call per pass, fp32 weights,
     float64 arithmetic (see the module docstring), on the CPU, single-threaded.
 
@@ -288,44 +333,12 @@ class FusedEngine:
         _check(precision, device)
         return cls(policy.model, precision, device)
 
-    def forward(self, obs: np.ndarray | None, tokens: Sequence[int], start: int) -> np.ndarray:
-        """logits (T, n_bins) float32 for positions start.. (see engines/engine.py)."""
-        t = len(tokens)
-        if start == 0:
-            self._obs[0] = np.asarray(obs, np.float32)
-            self._tokens[1:1 + t] = tokens  # position 0 embeds obs; its token id is ignored
-            t += 1
-        else:
-            self._tokens[:t] = tokens
-        logits = np.empty((t, self.cfg.n_bins), np.float32)
-        _pass(self._w, self._off, self._dims, self._eps, self._kv, *self._work, self._obs, self._tokens, start, t,
-              logits)
-        return logits
+    def _run_pass(self, tokens: np.ndarray, start: int, t: int, logits: np.ndarray) -> None:
+        _pass(self._w, self._off, self._dims, self._eps, self._kv, *self._work, self._obs, tokens, start, t, logits)
 
-    def rollback(self, n: int) -> None:
-        """Nothing to do: the cache is written by position (see engines/engine.py)."""
-
-    def greedy_chunk(self, obs: np.ndarray) -> list[int]:
-        """Target-only greedy decoding of a whole chunk in ONE numba call: obs (obs_dim,) float32 -> n_tokens
-        ints, the same tokens as a pass-by-pass decode (argmax of the same float32 logits, first on ties)."""
-        self._obs[0] = np.asarray(obs, np.float32)
-        tokens = np.zeros(self.cfg.n_tokens, np.int64)
-        _greedy(self._w, self._off, self._dims, self._eps, self._kv, *self._work, self._obs, tokens, 0, len(tokens),
+    def _run_greedy(self, tokens: np.ndarray, first: int, last: int) -> None:
+        _greedy(self._w, self._off, self._dims, self._eps, self._kv, *self._work, self._obs, tokens, first, last,
                 self._logits1)
-        return tokens.tolist()
-
-    def greedy_run(self, committed: Sequence[int], m: int) -> list[int]:
-        """m target-only greedy passes in ONE numba call after the committed tokens (>= 1: the prefill has run):
-        the m next tokens, each the argmax of its pass's float32 logits, as m forward calls would give
-        (core/speculative.py runs a planner's target-only stretch here). Raises ValueError past n_tokens."""
-        n = len(committed)
-        if n < 1 or n + m > self.cfg.n_tokens:
-            raise ValueError(f"fused engine: greedy_run of {m} after {n} tokens does not fit {self.cfg.n_tokens}")
-        tokens = self._run_tokens
-        tokens[:n] = committed
-        _greedy(self._w, self._off, self._dims, self._eps, self._kv, *self._work, self._obs, tokens, n, n + m,
-                self._logits1)
-        return tokens[n:n + m].tolist()
 
 
 def _check(precision: str, device: str, backend: str = "fused") -> None:

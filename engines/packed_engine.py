@@ -28,7 +28,6 @@ import os
 import sys
 import threading
 import time
-from typing import Sequence
 
 import numpy as np
 
@@ -54,8 +53,10 @@ from edgeinfer.engines.fused_engine import (
     PROJ_W,
     QKV_W,
     TOK_EMB,
+    OneCallEngine,
     _check,
     _kernel,
+    _layer_norm,
 )
 from edgeinfer.engines.model import ActionTransformer
 from edgeinfer.engines.simd import linear, pack_linear, padded, panel_columns
@@ -86,12 +87,12 @@ _vkernel = _kernel(error_model="numpy")  # numpy's float semantics (no ZeroDivis
 
 # The control array shared with the worker thread, one cache line per slot (engines/spin.py). A pass runs as
 # stages(n_layers) stages; each splits in two halves. Stage number `sid` counts stages over the engine's life.
-STAGE = 2 * LINE  # the sid the engine thread is working on (published with release ordering)
-BASE, START, ROWS = 3 * LINE, 4 * LINE, 5 * LINE  # the current pass: its first stage's sid, start position, rows
-CLAIM = 6 * LINE  # CLAIM + (sid & 1) * LINE: sid * 4 while half 1 of stage sid is free, | 1 claimed by the worker,
+STAGE = 0  # the sid the engine thread is working on (published with release ordering)
+BASE, START, ROWS = LINE, 2 * LINE, 3 * LINE  # the current pass: its first stage's sid, start position, rows
+CLAIM = 4 * LINE  # CLAIM + (sid & 1) * LINE: sid * 4 while half 1 of stage sid is free, | 1 claimed by the worker,
 #                   | 2 taken by the engine thread itself
-DONE = 8 * LINE  # DONE + (sid & 1) * LINE: the last sid whose half 1 the worker finished
-STOPPED, SHARED = 10 * LINE, 11 * LINE  # 1: the worker must return; halves the worker computed
+DONE = 6 * LINE  # DONE + (sid & 1) * LINE: the last sid whose half 1 the worker finished
+STOPPED, SHARED = 8 * LINE, 9 * LINE  # 1: the worker must return; halves the worker computed
 SPIN_LIMIT = 2_000_000  # idle spins before the worker naps (~1 ms: longer than the gaps between a chunk's passes)
 SPIN_IDLE = 2_000  # idle spins after a nap during which the engine ran no stage (between chunks: ~2 % of a core)
 NAP_S = 0.001  # a nap between chunks: the worker costs ~2 % of a core while the engine idles
@@ -101,23 +102,6 @@ NAP_S = 0.001  # a nap between chunks: the worker costs ~2 % of a core while the
 def stages(n_layers: int) -> int:
     """Stages of one pass: embeddings, 5 per block, final LayerNorm and head."""
     return 2 + 5 * n_layers
-
-
-@_vkernel
-def _layer_norm(x, t, n, w, off, wi, eps, y):
-    """y[:t, :n] = LayerNorm(x[:t, :n]) (weight at off[wi], bias at off[wi + 1]): statistics in float64."""
-    g, b = w[off[wi]:off[wi + 1]], w[off[wi + 1]:off[wi + 2]]
-    for r in range(t):
-        mean = 0.0
-        for i in range(n):
-            mean += x[r, i]
-        mean /= n
-        var = 0.0
-        for i in range(n):
-            var += (x[r, i] - mean) ** 2
-        inv = 1.0 / math.sqrt(var / n + eps)
-        for i in range(n):
-            y[r, i] = np.float32((x[r, i] - mean) * inv * g[i] + b[i])
 
 
 @_vkernel
@@ -185,7 +169,7 @@ def _attention(qkv, t, start, d, n_heads, k_cache, v_cache, scores, acc, y, part
 
 
 @_vkernel
-def _gelu_add(mlp, t, c0, c1):
+def _gelu(mlp, t, c0, c1):
     """mlp[:t, c0:c1] = GELU(mlp[:t, c0:c1]), the erf form (nn.GELU()) in float64, rounded to float32."""
     for r in range(t):
         seg = mlp[r, c0:c1]  # indices from 0: no negative-index check, so the loop vectorises
@@ -229,13 +213,13 @@ def _stage(k, part, w, off, dims, eps, k_cache, v_cache, x, ln, h, qkv, att, mlp
                 x[r, o] += pos[o]
         return
     if k == stages(n_layers) - 1:
-        _layer_norm(x, t, d, w, off, LNF_W, eps, mine)
+        _layer_norm(x, t, w, off, LNF_W, eps, mine)
         _linear(mine, t, w, off, HEAD_W, out, part, 2)
         return
     layer, j = (k - 1) // 5, (k - 1) % 5
     lw = N_GLOBAL + layer * N_LAYER  # this layer's first tensor index (_pack's order)
     if j == 0:
-        _layer_norm(x, t, d, w, off, lw + LN1_W, eps, mine)
+        _layer_norm(x, t, w, off, lw + LN1_W, eps, mine)
         _linear(mine, t, w, off, lw + QKV_W, qkv, part, 2)
     elif j == 1:
         _attention(qkv, t, start, d, n_heads, k_cache[layer], v_cache[layer], scores[part], acc[part], att, part, 2)
@@ -243,10 +227,10 @@ def _stage(k, part, w, off, dims, eps, k_cache, v_cache, x, ln, h, qkv, att, mlp
         _linear(att, t, w, off, lw + PROJ_W, h, part, 2)
         _residual(x, h, t, c0, c1)
     elif j == 3:
-        _layer_norm(x, t, d, w, off, lw + LN2_W, eps, mine)
+        _layer_norm(x, t, w, off, lw + LN2_W, eps, mine)
         _linear(mine, t, w, off, lw + FC1_W, mlp, part, 2)
         f0, f1 = panel_columns(mlp.shape[1], part, 2)
-        _gelu_add(mlp, t, f0, min(f1, 4 * d))
+        _gelu(mlp, t, f0, min(f1, 4 * d))
     else:
         _linear(mlp, t, w, off, lw + FC2_W, h, part, 2)
         _residual(x, h, t, c0, c1)
@@ -335,7 +319,7 @@ def _serve(ctl: np.ndarray, arrays: tuple) -> None:
         spins = SPIN_LIMIT if halves or ctl[STAGE] != seen else SPIN_IDLE  # a chunk under way: catch its next stage
 
 
-class PackedEngine:
+class PackedEngine(OneCallEngine):
     """Engine (see engines/engine.py) running an ActionTransformer as one numba call per pass: fp32 weights packed
     into SIMD panels, fp32 fused multiply-adds (see the module docstring), on the CPU.
 
@@ -418,37 +402,8 @@ class PackedEngine:
     def __del__(self):
         self.close()
 
-    def forward(self, obs: np.ndarray | None, tokens: Sequence[int], start: int) -> np.ndarray:
-        """logits (T, n_bins) float32 for positions start.. (see engines/engine.py)."""
-        t = len(tokens)
-        if start == 0:
-            self._obs[0] = np.asarray(obs, np.float32)
-            self._tokens[1:1 + t] = tokens  # position 0 embeds obs; its token id is ignored
-            t += 1
-        else:
-            self._tokens[:t] = tokens
-        logits = np.empty((t, self.cfg.n_bins), np.float32)
-        _pass(self._ctl, *self._arrays, self._tokens, start, t, logits)
-        return logits
+    def _run_pass(self, tokens: np.ndarray, start: int, t: int, logits: np.ndarray) -> None:
+        _pass(self._ctl, *self._arrays, tokens, start, t, logits)
 
-    def rollback(self, n: int) -> None:
-        """Nothing to do: the cache is written by position (see engines/engine.py)."""
-
-    def greedy_chunk(self, obs: np.ndarray) -> list[int]:
-        """Target-only greedy decoding of a whole chunk in ONE numba call: obs (obs_dim,) float32 -> n_tokens ints,
-        the same tokens as a pass-by-pass decode."""
-        self._obs[0] = np.asarray(obs, np.float32)
-        tokens = np.zeros(self.cfg.n_tokens, np.int64)
-        _greedy(self._ctl, *self._arrays, tokens, 0, len(tokens), self._logits1)
-        return tokens.tolist()
-
-    def greedy_run(self, committed: Sequence[int], m: int) -> list[int]:
-        """m target-only greedy passes in ONE numba call after the committed tokens (>= 1: the prefill has run), as m
-        forward calls would give. Raises ValueError past n_tokens."""
-        n = len(committed)
-        if n < 1 or n + m > self.cfg.n_tokens:
-            raise ValueError(f"packed engine: greedy_run of {m} after {n} tokens does not fit {self.cfg.n_tokens}")
-        tokens = self._run_tokens
-        tokens[:n] = committed
-        _greedy(self._ctl, *self._arrays, tokens, n, n + m, self._logits1)
-        return tokens[n:n + m].tolist()
+    def _run_greedy(self, tokens: np.ndarray, first: int, last: int) -> None:
+        _greedy(self._ctl, *self._arrays, tokens, first, last, self._logits1)

@@ -3,18 +3,13 @@
 Numba has no atomics on the CPU, so these are LLVM atomic instructions in @intrinsic functions on an int64 array:
 `load(a, i)` (acquire), `store(a, i, v)` (release) and `cas(a, i, expected, new)` (sequentially consistent compare
 and swap, returns the old value). A spinning reader must use `load`: a plain read may be hoisted out of its loop.
-
-`sync(a, part)` is a two-party barrier on monotonic counters: party `part` (0 or 1) bumps its own counter (slot
-SYNC + part * LINE, a cache line apart) and spins until the other's has caught up. Both parties call it the same
-number of times, so the counters never need resetting.
 """
 from __future__ import annotations
 
-from numba import njit, types
+from numba import types
 from numba.extending import intrinsic
 
-LINE = 8  # int64 slots per 64-byte cache line: each party's counter on its own line
-SYNC = 0  # slots SYNC and SYNC + LINE: the barrier counters of party 0 and 1
+LINE = 8  # int64 slots per 64-byte cache line: a slot two threads write to on a line of its own
 
 
 def _slot(context, builder, signature, array, index):
@@ -51,13 +46,3 @@ def cas(typingctx, a, i, expected, new):
         return builder.extract_value(pair, 0)
 
     return types.int64(a, types.intp, types.int64, types.int64), codegen
-
-
-@njit(cache=True, nogil=True)
-def sync(a, part):
-    """Two-party barrier: returns once both parties have called sync as many times (see the module docstring)."""
-    mine = a[SYNC + part * LINE] + 1
-    store(a, SYNC + part * LINE, mine)
-    other = SYNC + (1 - part) * LINE
-    while load(a, other) < mine:
-        pass

@@ -358,8 +358,9 @@ def bench_ultrafast(policies: list, cfg: UltrafastConfig | None = None, data_dir
 def _row(engines: _Engines, policy, feats, offsets, stack: Stack, ref, warmup: int) -> tuple[dict, np.ndarray | None]:
     """One row's dict and its tokens (None for an error row). ref: the baseline's (tokens, chunk p50 us)."""
     row = {"backend": stack.backend, "precision": stack.precision, "cuda_graphs": stack.graphs,
-           "decode": stack.decode, "k": stack.k or None, "acceptance": "greedy" if stack.relax_bins is None
-           else f"relaxed+/-{stack.relax_bins}", "baseline": stack.baseline, "name": stack.name,
+           "threads": stack.threads, "decode": stack.decode, "k": stack.k or None,
+           "acceptance": "greedy" if stack.relax_bins is None else f"relaxed+/-{stack.relax_bins}",
+           "baseline": stack.baseline, "name": stack.name,
            **dict.fromkeys(FIGURES), "label": None, "picked": None, "choice": None, "error": None}
     t0, tokens = time.perf_counter(), None
     engines.open(stack)
@@ -404,8 +405,9 @@ def headline(section: dict) -> list[str]:
         lines.append(f"{name}: fastest exact: {exact['name']}, full chunk p50 {exact['chunk_us_p50'] / 1e3:.3f} ms "
                      f"(p99 {exact['chunk_us_p99'] / 1e3:.3f} ms) = x{exact['vs_baseline']:.2f} torch eager "
                      f"target-only ({base['chunk_us_p50'] / 1e3:.3f} ms); goal x{goal:g}: {met}")
-        own = next((r for r in rows if r["decode"] == "target-only" and r["backend"] == exact["backend"]
-                    and r["name"].split(" target-only")[0] == exact["name"].split(f" {exact['decode']}")[0]), None)
+        engine = ("backend", "precision", "cuda_graphs", "threads")
+        own = next((r for r in rows if r["decode"] == "target-only" and r["acceptance"] == "greedy"
+                    and all(r.get(f) == exact.get(f) for f in engine)), None)
         if own is not None and exact["decode"] not in ("target-only", "one-graph"):
             spec_goal = GOALS.get(name.split("#")[0], {}).get("spec_vs_target_only")
             ratio = own["chunk_us_p50"] / exact["chunk_us_p50"]
