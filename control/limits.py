@@ -19,7 +19,7 @@ import numpy as np
 
 from edgeinfer.control.safety import SafetyLimits
 from edgeinfer.control.urdf_limits import PLACEHOLDER_QD_RAD_S, UrdfError, read_urdf_limits
-from edgeinfer.logs.arm_log import LogError
+from edgeinfer.core.errors import LogError
 
 FIELDS = ("q_min_rad", "q_max_rad", "qd_max_rad_s")
 # The Schunk LWA 4P: +-170 deg on every joint (a conservative reading of the datasheet), 2 rad/s (above the
@@ -35,7 +35,7 @@ class LimitsError(ValueError):
 
 class JointCountError(LogError):
     """The log, the policy and the limits do not have one joint count; the message names every count and where
-    it comes from (a LogError: the run cannot use this log with this policy and these limits)."""
+    it comes from (a LogError, core/errors.py: the run cannot use this log with this policy and these limits)."""
 
 
 @dataclass

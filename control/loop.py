@@ -133,7 +133,7 @@ class ControlLoop:
         self.last_obs: Observation | None = None
         self.telemetry = Telemetry("control", cfg.control_stats_ms, clock=clock, publish=self._send_status)
         self.log = self.telemetry.log
-        self.runtime = Lease("runtime", int(50e6))  # until the runtime announces its own lease
+        self.runtime_lease = Lease("runtime", int(50e6))  # until the runtime announces its own lease
         self.status = None
         self.link = self.obs_link = None
         self._next_beat_ns = 0
@@ -225,8 +225,8 @@ class ControlLoop:
         anchored at most a period plus that ceiling ahead of the loop's clock (slack for a source that stamps an
         observation with its tick's scheduled time; on one host an observation is taken before its chunk arrives)."""
         self._start = start
-        self.runtime.ceiling_ns = int(self.cfg.runtime_lease_max_periods * start.period_ns)
-        self.buffer.max_lead_ns = start.period_ns + self.runtime.ceiling_ns
+        self.runtime_lease.ceiling_ns = int(self.cfg.runtime_lease_max_periods * start.period_ns)
+        self.buffer.max_lead_ns = start.period_ns + self.runtime_lease.ceiling_ns
         # reading observations takes at most a quarter period: a fast loop (--time-scale 20) has 50 us
         self._obs_budget_ns = min(int(self.cfg.obs_read_budget_us * 1e3), start.period_ns // 4)
 
@@ -236,21 +236,21 @@ class ControlLoop:
 
     def _take_messages(self, t_tick_ns: int, final: bool = False) -> bool:
         """Absorb pending chunks and observations, and the runtime's liveliness; False when the run was stopped."""
-        t, runtime = self.clock(), self.runtime
+        t, lease = self.clock(), self.runtime_lease
         if self.obs_link is not None and self.obs_link.poll()[1]:
             self.telemetry.report("link_relinked", f"observation link {self.endpoints.obs} dropped (a frame over "
                                   f"{transport.MAX_MESSAGE_BYTES >> 20} MiB, or its publisher restarted): reconnected")
-        if self.link is not None and self.link.poll()[1] and runtime.alive:  # its connection dropped: it is gone
-            runtime.drop(t)
+        if self.link is not None and self.link.poll()[1] and lease.alive:  # its connection dropped: it is gone
+            lease.drop(t)
             self._runtime_lost(t, "connection dropped")
         for msg in self.chunks.drain():
             if isinstance(msg, ActionChunk):
                 self._take_chunk(msg, t_tick_ns)
             elif isinstance(msg, Heartbeat) and msg.sender == "runtime":
                 self._runtime_beat(msg, t)
-        if runtime.alive and not runtime.check(t):
-            self._runtime_lost(t, f"no heartbeat for {(t - runtime.last_ns) / 1e6:.1f} ms "
-                               f"(lease {runtime.lease_ns / 1e6:.1f} ms expired)")
+        if lease.alive and not lease.check(t):
+            self._runtime_lost(t, f"no heartbeat for {(t - lease.last_ns) / 1e6:.1f} ms "
+                               f"(lease {lease.lease_ns / 1e6:.1f} ms expired)")
         return self._take_observations(None if final else self._obs_budget_ns)
 
     def _take_observations(self, budget_ns: int | None) -> bool:
@@ -295,19 +295,19 @@ class ControlLoop:
             self.telemetry.report("chunk_implausible", refusal.detail)
 
     def _runtime_beat(self, hb: Heartbeat, t_ns: int) -> None:
-        runtime = self.runtime
-        joined, restarts = runtime.joined, runtime.restarts
-        gap = runtime.beat(hb, t_ns)
+        lease = self.runtime_lease
+        joined, restarts = lease.joined, lease.restarts
+        gap = lease.beat(hb, t_ns)
         if gap is not None:
             self.telemetry.observe_ns("runtime_heartbeat_gap", gap)
-        if runtime.restarts != restarts:  # a new process: nothing the old one planned is trusted
+        if lease.restarts != restarts:  # a new process: nothing the old one planned is trusted
             self.buffer.clear()
-        if runtime.joined != joined:  # back: it was late, not dead
-            how = runtime.joined_as
-            self.log.line(f"runtime_{how}", f"runtime {hb.instance} {how}; lease {runtime.lease_ns / 1e6:.1f} ms")
-            if runtime.ceiling_ns is not None and runtime.announced_ns > runtime.ceiling_ns:
+        if lease.joined != joined:  # back: it was late, not dead
+            how = lease.joined_as
+            self.log.line(f"runtime_{how}", f"runtime {hb.instance} {how}; lease {lease.lease_ns / 1e6:.1f} ms")
+            if lease.ceiling_ns is not None and lease.announced_ns > lease.ceiling_ns:
                 self.log.line("lease_over_ceiling", f"runtime {hb.instance} announces a {hb.lease_ns / 1e6:g} ms "
-                              f"lease, longer than runtime_lease_max_periods ({runtime.ceiling_ns / 1e6:g} ms): "
+                              f"lease, longer than runtime_lease_max_periods ({lease.ceiling_ns / 1e6:g} ms): "
                               "a dead runtime is found later; beat it faster (--runtime-heartbeat-ms, -lease-ms)")
 
     def _runtime_lost(self, t_ns: int, why: str) -> None:
@@ -318,12 +318,12 @@ class ControlLoop:
             then = "holding"
         else:
             then = f"following its chunks while they cover the ticks ({max(0, end - t_ns) / 1e6:.0f} ms), then holding"
-        self.telemetry.report("runtime_lost", f"runtime {self.runtime.instance} lost: {why}; {then}", every=True)
+        self.telemetry.report("runtime_lost", f"runtime {self.runtime_lease.instance} lost: {why}; {then}", every=True)
 
     def _trusted(self) -> bool:
         """Whether the runtime's chunks are followed: while it is alive, and while lost unless on_runtime_lost is
         "hold" (a new process's chunks follow its first Heartbeat, which forgets the old one's)."""
-        return self.runtime.alive or self.cfg.on_runtime_lost == "finish"
+        return self.runtime_lease.alive or self.cfg.on_runtime_lost == "finish"
 
     def _publish_status(self) -> None:
         """Heartbeat (and Stats when due) on the status PUB, at most once per control_heartbeat_ms."""
@@ -335,7 +335,7 @@ class ControlLoop:
         s = self._start
         transport.send(self.status, Heartbeat("control", os.getpid(), self._beat_seq, t,
                                               int(self.cfg.control_lease_ms * 1e6),
-                                              self.runtime.instance if self.runtime.alive else -1,
+                                              self.runtime_lease.instance if self.runtime_lease.alive else -1,
                                               s.t0_ns if s else -1, s.period_ns if s else -1, s.n_ticks if s else -1))
         if self.telemetry.stats_due(t):
             self._refresh_stats()
@@ -346,11 +346,11 @@ class ControlLoop:
         st.malformed = self.obs.malformed + self.chunks.malformed
         st.obs_superseded = self.obs.stale_dropped
         st.malformed_by_kind = dict(self.obs.malformed_by_kind + self.chunks.malformed_by_kind)
-        rt = self.runtime
-        st.runtime_lost, st.runtime_expired, st.runtime_returned = rt.lost, rt.expired, rt.returned
-        st.runtime_restarts, st.runtime_lease_us, st.runtime_gap_max_us = rt.restarts, rt.lease_ns // 1000, \
-            rt.gaps.max() // 1000
-        st.heartbeats_implausible = rt.implausible
+        lease = self.runtime_lease
+        st.runtime_lost, st.runtime_expired, st.runtime_returned = lease.lost, lease.expired, lease.returned
+        st.runtime_restarts, st.runtime_lease_us, st.runtime_gap_max_us = lease.restarts, lease.lease_ns // 1000, \
+            lease.gaps.max() // 1000
+        st.heartbeats_implausible = lease.implausible
         st.links_relinked = sum(link.relinks for link in (self.link, self.obs_link) if link is not None)
         counters = {k: v for k, v in vars(st).items() if isinstance(v, int)}
         counters.update({f"malformed.{k}": v for k, v in st.malformed_by_kind.items()})
@@ -362,7 +362,7 @@ class ControlLoop:
                       self.last_obs.q_rad if self.last_obs is not None else None, period_s, self.stats)
         if cmd is None:
             return  # no state at all yet: nothing safe to command; the replayer counts it lost
-        if not self.runtime.alive:
+        if not self.runtime_lease.alive:
             self.stats.holds_runtime_dead += cmd.rung == "hold"
             self.stats.commands_after_loss += cmd.rung != "hold"
         obs_seq = self.last_obs.seq if self.last_obs is not None else -1

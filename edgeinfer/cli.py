@@ -7,34 +7,122 @@ import signal
 import sys
 from pathlib import Path
 
-from edgeinfer.core.commands import COMMANDS, SLO_INVALID_EXIT, config_classes
+from edgeinfer import entry_points as run
+from edgeinfer.core import commands
+from edgeinfer.core.commands import Command
 from edgeinfer.core.config import add_options, build, expand_bool_flags, load_launch
 from edgeinfer.core.lifecycle import raise_interrupt
 
+# ------------------------------------------------------------------------------------- the command table
+# COMMANDS is the one list of commands: each one's entry point and *Config dataclasses (edgeinfer.entry_points,
+# really imported), its help, positional arguments and node kind. main() builds every parser from it and
+# registers it with the layers below (core.commands) at start-up; the fork server gets main itself, passed in.
 
-def _arguments(p: argparse.ArgumentParser, command: str) -> None:
-    """The arguments no *Config dataclass holds: positional ones, and compare's."""
-    if command == "replay":
-        p.add_argument("--launch", type=Path, default=None, help="TOML launch file filling these options")
-    elif command == "launch":
-        p.add_argument("file", type=Path, help="launch file: one table per node, named by its command ([serve], "
-                                               "[replay], ...), started in the file's order")
-    elif command == "keys":
-        p.add_argument("dir", type=Path, help="directory to create them in (never overwritten)")
-    elif command == "sweep":
-        p.add_argument("file", type=Path, help="sweep file: [sweep] logs, out; [base]; [configs.NAME]; [grid]")
-    elif command == "compare":
-        p.add_argument("a", type=Path, metavar="A.json", help="the baseline's report.json (edgeinfer replay --out)")
-        p.add_argument("b", type=Path, metavar="B.json", help="the candidate's report.json")
-        p.add_argument("--json", type=Path, default=None, metavar="OUT", help="also write the comparison as JSON")
-        p.add_argument("--fail-on-regression", action="store_true", help="exit 1 when any figure is worse")
-        p.add_argument("--alpha", type=float, default=0.05, help="per-figure significance level (default: 0.05)")
+def _replay_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--launch", type=Path, default=None, help="TOML launch file filling these options")
 
+
+def _launch_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("file", type=Path, help="launch file: one table per node, named by its command ([serve], "
+                                           "[replay], ...), started in the file's order")
+
+
+def _keys_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("dir", type=Path, help="directory to create them in (never overwritten)")
+
+
+def _sweep_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("file", type=Path, help="sweep file: [sweep] logs, out; [base]; [configs.NAME]; [grid]")
+
+
+def _compare_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("a", type=Path, metavar="A.json", help="the baseline's report.json (edgeinfer replay --out)")
+    p.add_argument("b", type=Path, metavar="B.json", help="the candidate's report.json")
+
+
+def _fork_server(args) -> int:
+    """The fork server's own process (procs/forkserver.py starts `python -m edgeinfer fork-server`): imports what
+    the nodes share once, then forks each node to run this command line's main."""
+    from edgeinfer.procs.forkserver import serve_forks
+
+    serve_forks(main, run.preload_nodes)
+    return 0
+
+
+BENCH_SUITES = {
+    "engines": Command("every (backend, precision[, CUDA graphs]) side by side: latency and parity, then the "
+                       "ultrafast rows", run.bench_engines, run.bench_engines_configs),
+    "spec": Command("speculative decoding side by side on held-out real observations: drafters, k, adaptive, "
+                    "sampling, the HF peer", run.bench_spec, run.bench_spec_configs),
+    "anytime": Command("step vs DCT action tokens: the anytime curve, cut budgets, a slowed engine",
+                       run.bench_anytime, run.bench_anytime_configs),
+    "fleet": Command("how many robots one machine serves, five ways of serving them", run.bench_fleet,
+                     run.bench_fleet_configs),
+    "transport": Command("the observation -> chunk round trip against raw pyzmq floors", run.bench_transport,
+                         run.bench_transport_configs),
+}
+
+COMMANDS: dict[str, Command] = {
+    "replay": Command("replay a recorded arm log through runtime + control over ZeroMQ", run.replay,
+                      run.replay_configs, _replay_arguments, node="task",
+                      description="Replay a recorded arm log through runtime + control over ZeroMQ, and report latency "
+                                  "and deadline misses (docs/replay.md). Exit status: 0 done, 1 a node process "
+                                  "failed, 2 an error before the run (one line naming its option), 3 --slo's verdict "
+                                  "is INVALID (so that a CI job fails on a missed objective), 130 interrupted."),
+    "launch": Command("start and supervise the nodes of a TOML launch file (launch/*.toml); exits non-zero when "
+                      "any node failed", run.launch, run.launch_configs, _launch_arguments),
+    "serve": Command("run the runtime node (observations in, action chunks out)", run.serve, run.serve_configs,
+                     node="service", ready="chunks"),
+    "fleet": Command("run the fleet runtime node: one runtime serving many robots (Join -> Admission, observations "
+                     "-> action chunks, on one ROUTER; docs/fleet.md)", run.fleet, run.fleet_configs, node="service"),
+    "fleet-replay": Command("replay N real logs as N robots (each its own clock and control loop) against one fleet "
+                            "runtime, or one per robot; a report per robot and for the fleet (docs/fleet.md)",
+                            run.fleet_replay, run.fleet_replay_configs),
+    "fleet-robots": Command("run a group of fleet robots in one process (a node of `edgeinfer fleet-replay`)",
+                            run.fleet_robots, run.fleet_robots_configs, node="task", hidden=True),
+    "control": Command("run the fixed-rate control loop node", run.control, run.control_configs, node="service"),
+    "train": Command("train the target policy on any logs `replay` reads (default: the Schunk recordings)",
+                     run.train, run.train_configs),
+    "distill": Command("distill the learned drafter from a target on its training data", run.distill,
+                       run.distill_configs),
+    "build": Command("build an engine (backend, precision, device), gated on held-out quality", run.build,
+                     run.build_configs),
+    "keys": Command("write ZeroMQ CURVE key pairs for non-loopback endpoints (--curve-dir DIR)", run.keys,
+                    arguments=_keys_arguments),
+    "hil": Command("hardware in the loop: replay a log here (replayer + control loop) against a runtime on another "
+                   "host (`edgeinfer serve` there; tcp://HOST:PORT is its chunk publisher, the run uses ports "
+                   "PORT..PORT+5); separates network from inference", run.hil, run.hil_configs, node="task"),
+    "sweep": Command("many replays (logs x configurations from a TOML file, e.g. benchmarks/sweep.toml) as Ray "
+                     "tasks, on a cluster (--address) or local Ray; one table of the results (needs the `sweep` "
+                     "extra)", run.sweep, run.sweep_configs, _sweep_arguments),
+    "compare": Command("compare two replay reports (A = baseline, B = candidate) figure by figure, with verdicts "
+                       "from the confidence intervals", run.compare, run.compare_configs, _compare_arguments),
+    "bench": Command("every ruler on real logs, target-only vs speculative (options below); suites: `bench "
+                     "engines` (backends and precisions), `bench spec` (speculative decoding: drafters, k, "
+                     "adaptive, sampling, the HF peer), `bench anytime` (step vs DCT action tokens: the anytime "
+                     "curve, cut budgets, a slowed engine), `bench fleet` (robots served per way of serving them), "
+                     "`bench transport` (the round trip against raw pyzmq)", run.bench, run.bench_configs,
+                     description="Every ruler (time to first action, time per token, chunk throughput, end-to-end "
+                                 "tails and misses in steady / idle-gap / overload replays, quality, zmq and wake-up "
+                                 "floors), target-only vs speculative; --scenarios names a file in benchmarks/ "
+                                 "(default, quick) or a TOML path. Suites with their own -h: `edgeinfer bench "
+                                 "engines`, `edgeinfer bench spec`, `edgeinfer bench anytime`, `edgeinfer bench "
+                                 "fleet`, `edgeinfer bench transport`.", suites=BENCH_SUITES),
+    "fork-server": Command("the fork server's process (procs/forkserver.py)", _fork_server, hidden=True),
+}
+
+
+def register_commands() -> None:
+    """Register COMMANDS with the layers below (core.commands): launch files, `replay --launch` and the process
+    wirer look their commands up there. main() does it at start-up."""
+    commands.register(COMMANDS)
+
+
+# ------------------------------------------------------------------------------------------- the parsers
 
 # the options a user reaches for first, listed at the top of `--help` (and in its usage line), in this order
 FIRST_OPTIONS = ("--log", "--policy", "--out", "--budget-ms", "--deadline-ms", "--decode", "--backend", "--slo",
                  "--duration-s", "--endpoint", "--curve-dir", "--data", "--held-out", "--target")
-HIDDEN_COMMANDS = ("fleet-robots",)  # internal: a node of `edgeinfer fleet-replay`, not listed by -h
 
 
 def _version() -> str:
@@ -106,194 +194,85 @@ def _option_error(e: OSError, p: argparse.ArgumentParser | None, args) -> str | 
     return None
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else list(argv)
-    chosen = argv[0] if argv else None
+def _chosen(argv: list[str]) -> tuple[str, ...]:
+    """The command path argv names (("bench", "spec")), () when it names none."""
+    if not argv or argv[0] not in COMMANDS:
+        return ()
+    suites = COMMANDS[argv[0]].suites
+    return (argv[0], argv[1]) if argv[1:2] and argv[1] in suites else (argv[0],)
 
-    parser = argparse.ArgumentParser(prog="edgeinfer", description=__doc__)
-    parser.add_argument("--version", action="version", version=_version())
-    listed = [c for c in COMMANDS if c not in HIDDEN_COMMANDS]
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{" + ",".join(listed) + "}")
-    subparsers = {}
-    for command, spec in COMMANDS.items():  # core.commands: the one list of commands
-        help_ = {} if command in HIDDEN_COMMANDS else {"help": spec.help}
-        p = subparsers[command] = sub.add_parser(command, description=spec.description or spec.help, **help_)
-        _arguments(p, command)
-        if command == chosen:  # only the command being run imports its config classes: most never import torch
-            add_options(p, *config_classes(command))
-            _first_options_on_top(p)
-            argv = argv[:1] + expand_bool_flags(p, argv[1:])  # a bool option alone means true
-    if argv[:1] == ["bench"] and argv[1:2] in (["engines"], ["spec"], ["transport"], ["anytime"], ["fleet"]):  # own -h
-        args = argparse.Namespace(command="bench", suite=argv[1], rest=argv[2:])
-    else:
-        args, unknown = parser.parse_known_args(argv)
-        if unknown:
-            _suggest(subparsers[args.command], unknown)
-        args.suite, args.rest = None, argv[1:]
-    if args.command == "bench":  # SIGTERM as Ctrl-C: the benches' cleanup runs, and their child processes end
-        signal.signal(signal.SIGTERM, raise_interrupt)
+
+def _parsers(chosen: tuple[str, ...]) -> tuple[argparse.ArgumentParser, dict[tuple, argparse.ArgumentParser]]:
+    """The top parser, and each command's parser by its path; only the chosen command's options are added (its
+    config classes imported): every command's from its *Config dataclasses (core.config.add_options)."""
+    top = argparse.ArgumentParser(prog="edgeinfer", description=__doc__)
+    top.add_argument("--version", action="version", version=_version())
+    parsers: dict[tuple[str, ...], argparse.ArgumentParser] = {}
+
+    def add(parent: argparse.ArgumentParser, table: dict[str, Command], path: tuple[str, ...]) -> None:
+        listed = [name for name, c in table.items() if not c.hidden]
+        sub = parent.add_subparsers(dest="suite" if path else "command", required=not path,
+                                    metavar="{" + ",".join(listed) + "}")
+        for name, command in table.items():
+            help_ = {} if command.hidden else {"help": command.help}
+            p = parsers[(*path, name)] = sub.add_parser(name, description=command.description or command.help,
+                                                        **help_)
+            if command.arguments is not None:
+                command.arguments(p)
+            if command.suites:
+                add(p, command.suites, (*path, name))
+            if (*path, name) == chosen:
+                add_options(p, *command.config_classes())
+                _first_options_on_top(p)
+
+    add(top, COMMANDS, ())
+    return top, parsers
+
+
+def _command(path: tuple[str, ...]) -> Command:
+    command = COMMANDS[path[0]]
+    return command.suites[path[1]] if len(path) > 1 else command
+
+
+def _configs(command: Command, args: argparse.Namespace, name: str) -> list:
+    """The command's *Config instances from its options, over the [name] table of `--launch FILE` when given."""
+    path = getattr(args, "launch", None)  # `replay --launch FILE`
     try:
-        return _run(args, parser)
+        table = load_launch(path, name)
+        return [build(cls, args, table, path.resolve().parent if path else None) for cls in command.config_classes()]
+    except ValueError as e:
+        raise ValueError(f"{path}: {e}" if path and not str(e).startswith(f"{path}:") else str(e)) from None
+
+
+def main(argv: list[str] | None = None) -> int:
+    typed = sys.argv[1:] if argv is None else list(argv)
+    register_commands()
+    chosen = _chosen(typed)
+    top, parsers = _parsers(chosen)
+    argv = typed
+    if chosen:  # a bool option alone means true
+        argv = typed[:len(chosen)] + expand_bool_flags(parsers[chosen], typed[len(chosen):])
+    args, unknown = top.parse_known_args(argv)
+    path = (args.command, *([args.suite] if getattr(args, "suite", None) else []))
+    if unknown:
+        _suggest(parsers[path], unknown)
+    args.argv = typed  # what a bench records it was run with
+    if path[0] == "bench":  # SIGTERM as Ctrl-C: the benches' cleanup runs, and their child processes end
+        signal.signal(signal.SIGTERM, raise_interrupt)
+    name = " ".join(path)
+    try:
+        command = _command(path)
+        return command.run(args, *_configs(command, args, path[-1]))
     except KeyboardInterrupt:
-        print(f"edgeinfer {args.command}: interrupted", file=sys.stderr)
+        print(f"edgeinfer {name}: interrupted", file=sys.stderr)
         return 130
     except (ValueError, OSError, TimeoutError, RuntimeError, KeyError) as e:
         # configuration, data and start-up errors already name their field, file or process: no traceback
         text = e.args[0] if isinstance(e, KeyError) and e.args else e  # KeyError's str() adds quotes
         if isinstance(e, OSError):
-            text = _option_error(e, subparsers.get(args.command), args) or text
-        print(f"edgeinfer {args.command}: error: {text}", file=sys.stderr)
+            text = _option_error(e, parsers.get(path), args) or text
+        print(f"edgeinfer {name}: error: {text}", file=sys.stderr)
         return 2
-
-
-def _outputs(cfg, report: dict, *logs: str) -> str:
-    """What a replay or hil run wrote into cfg.out, for its last line (run.mcap: when its report says so)."""
-    from edgeinfer.sim.plots import PLOT_FILES
-
-    plots = PLOT_FILES if getattr(cfg, "plots", True) else ()  # hil always plots
-    mcap = [f] if (f := (report.get("run_mcap") or {}).get("file")) else []
-    return ", ".join(("report.json", "ticks.csv", *plots, *mcap, *logs))
-
-
-def _print_graph(command: str, cfg) -> int:
-    """The process graph a replay or hil run would start, as `edgeinfer launch FILE --dry-run` prints it."""
-    from dataclasses import replace
-
-    from edgeinfer.launch import graph
-    from edgeinfer.procs.spec import NodeSpec
-
-    print(graph([NodeSpec(command, (replace(cfg, dry_run=False),))]), end="")
-    return 0
-
-
-def _run(args, parser) -> int:
-    if args.command == "replay":
-        from edgeinfer.sim.config import ReplayConfig
-        from edgeinfer.sim.replay import replay
-
-        launch_dir = args.launch.resolve().parent if args.launch else None
-        launch = load_launch(args.launch, "replay")
-        try:
-            cfg = build(ReplayConfig, args, launch, launch_dir)
-        except ValueError as e:
-            raise ValueError(f"{args.launch}: {e}" if args.launch else str(e)) from None
-        if cfg.dry_run:
-            return _print_graph("replay", cfg)
-        report = replay(cfg)
-        print(f"wrote {cfg.out}/: {_outputs(cfg, report, 'runtime.log', 'control.log')}")
-        if report["interrupted"]:
-            return 130
-        if not all(code == 0 for code in report["process_exit_codes"].values()):
-            return 1
-        if (report.get("slo") or {}).get("verdict") == "INVALID":
-            print(f"edgeinfer replay: SLO {cfg.slo!r} INVALID: exit code {SLO_INVALID_EXIT}", file=sys.stderr)
-            return SLO_INVALID_EXIT
-        return 0
-    if args.command == "launch":
-        from edgeinfer.launch import LaunchConfig, launch
-
-        return launch(args.file, build(LaunchConfig, args))
-    if args.command == "serve":
-        from edgeinfer.core.transport import Endpoints
-        from edgeinfer.node.runtime import RuntimeConfig
-        from edgeinfer.node.serve import serve
-
-        serve(build(RuntimeConfig, args), build(Endpoints, args))
-        return 0
-    if args.command == "fleet-replay":
-        from edgeinfer.sim.fleet_replay import FleetReplayConfig, fleet_replay
-
-        report = fleet_replay(build(FleetReplayConfig, args))
-        return 130 if report["interrupted"] else 1 if report["failed_processes"] else 0
-    if args.command == "fleet-robots":
-        from edgeinfer.sim.fleet_group import FleetRobotsConfig, run_group
-
-        return run_group(build(FleetRobotsConfig, args))
-    if args.command == "fleet":
-        from edgeinfer.node.fleet import serve_fleet
-        from edgeinfer.node.fleet_config import FleetConfig
-
-        serve_fleet(build(FleetConfig, args))
-        return 0
-    if args.command == "control":
-        from edgeinfer.control.loop import ControlConfig, ControlLoop
-        from edgeinfer.core.transport import Endpoints
-
-        with ControlLoop(build(ControlConfig, args), build(Endpoints, args)) as loop:
-            stats = loop.run(loop.handshake())
-        print(f"control: {stats}")
-        return 0
-    if args.command == "train":
-        from edgeinfer.engines.train import TrainConfig, train
-
-        cfg = build(TrainConfig, args)
-        policy = train(cfg)
-        print(f"wrote {cfg.out} and {cfg.out.with_suffix('.pt')}; held-out verdict: "
-              f"{policy.manifest['heldout']['verdict']}")
-        return 0
-    if args.command == "bench":
-        if args.suite == "spec":
-            from edgeinfer.bench.spec import main as bench_spec
-
-            return bench_spec(args.rest)
-        if args.suite == "transport":
-            from edgeinfer.bench.transport import main as bench_transport
-
-            return bench_transport(args.rest)
-        if args.suite == "engines":
-            from edgeinfer.bench.engines import main as bench_engines
-
-            return bench_engines(args.rest)
-        if args.suite == "anytime":
-            from edgeinfer.bench.anytime import main as bench_anytime
-
-            return bench_anytime(args.rest)
-        if args.suite == "fleet":
-            from edgeinfer.bench.fleet import main as bench_fleet
-
-            return bench_fleet(args.rest)
-        from edgeinfer.bench.suite import main as bench
-
-        return bench(args.rest)
-    if args.command == "distill":
-        from edgeinfer.engines.distill import DistillConfig, distill
-        from edgeinfer.engines.policy import load_policy
-
-        cfg = build(DistillConfig, args)
-        draft = distill(load_policy(cfg.target), cfg)
-        print(f"wrote {cfg.out}; held-out: {draft.manifest.get('metrics_held_out')}")
-        return 0
-    if args.command == "compare":
-        from edgeinfer.sim.compare import main as compare
-
-        return compare(args.a, args.b, args.json, args.fail_on_regression, args.alpha)
-    if args.command == "hil":
-        from edgeinfer.sim.hil import HilConfig, hil
-
-        cfg = build(HilConfig, args)
-        if cfg.dry_run:
-            return _print_graph("hil", cfg)
-        report = hil(cfg)
-        print(f"wrote {cfg.out}/: {_outputs(cfg, report, 'control.log')}")
-        return 130 if report["interrupted"] else (0 if report["process_exit_codes"]["control"] == 0 else 1)
-    if args.command == "sweep":
-        from edgeinfer.sim.sweep import SweepConfig, sweep
-
-        rows = sweep(args.file, build(SweepConfig, args))
-        return 0 if all(r["status"] == "ok" for r in rows) else 1
-    if args.command == "keys":
-        from edgeinfer.core.keys import make_keys
-
-        for path in make_keys(args.dir).values():
-            print(f"wrote {path}")
-        return 0
-    if args.command == "build":
-        from edgeinfer.engines.build import BuildConfig
-        from edgeinfer.engines.build import build as build_engine
-
-        return 0 if build_engine(build(BuildConfig, args))["passed"] else 1
-    parser.error(f"unknown command {args.command}")
-    return 2
 
 
 if __name__ == "__main__":

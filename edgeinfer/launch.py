@@ -32,8 +32,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from edgeinfer.core import transport
-from edgeinfer.core.commands import NODE_COMMANDS, config_classes
+from edgeinfer.core import commands, transport
 from edgeinfer.core.config import load, read_toml
 from edgeinfer.core.lifecycle import InterruptSignals
 from edgeinfer.procs.nodes import Node, NodeGroup
@@ -64,16 +63,17 @@ def load_nodes(path: Path) -> list[NodeSpec]:
     dataclasses (relative paths resolve against the file's folder). Raises ValueError naming the file and the
     table or key for invalid TOML, an unknown command, an unknown key or a wrong type; FileNotFoundError."""
     doc = read_toml(path)
-    unknown = [k for k in doc if k not in NODE_COMMANDS]
+    node_commands = commands.node_commands()  # registered by the command line
+    unknown = [k for k in doc if k not in node_commands]
     if unknown or not doc:
         raise ValueError(f"{path}: {'no node tables' if not doc else f'unknown table(s) {unknown}'}; a launch "
-                         f"file has one table per node, named by its command: {sorted(NODE_COMMANDS)}")
+                         f"file has one table per node, named by its command: {sorted(node_commands)}")
     base = path.resolve().parent
     nodes = []
     for command, table in doc.items():
         if not isinstance(table, dict):
             raise ValueError(f"{path}: {command} must be a table ([{command}]), got {table!r}")
-        classes = config_classes(command)
+        classes = commands.config_classes(command)
         known = set().union(*({f for f in cls.__dataclass_fields__} for cls in classes))
         if extra := sorted(set(table) - known):
             raise ValueError(f"{path}: [{command}]: unknown keys {extra}; known: {sorted(known)}")

@@ -46,7 +46,7 @@ STATISTIC = "p50"
 DISCARD_CHUNKS = 2  # the first chunks of each candidate: allocation, lazy binding, caches
 PROBE_OBSERVATIONS = 16  # decoded by every candidate: the exactness check and the timing
 PREFIX = "engine_choice."  # of the Stats counters that carry the choice
-PROBE_K = 4  # drafts per pass measured (at most the planner's k_max): the k of the issue-18 bench rows
+PROBE_K = 4  # drafts per pass measured (at most the planner's k_max): the k of `bench engines`' kinematic k = 4 rows
 
 
 def candidates(device: str = "cpu") -> list[str]:

@@ -20,13 +20,14 @@ from __future__ import annotations
 import typing
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, Protocol
+from typing import Callable, Literal, Protocol
 
 import numpy as np
 import torch
 
 from edgeinfer.core.clock import now_ns
 from edgeinfer.core.config import load, read_toml
+from edgeinfer.core.protocols import Runtime
 from edgeinfer.core.wire import (
     CHANNEL_NAME,
     MAX_EXTRA,
@@ -346,9 +347,10 @@ class ByoPolicy:
         return a.offset + a.scale * raw.astype(np.float64), raw
 
 
-class ByoRuntime:
-    """In-process API shaped like edgeinfer.node.runtime.PolicyRuntime, for a spec: one forward pass makes a
-    one-step ActionChunk (anchor q, then the target one policy period later)."""
+class ByoRuntime(Runtime):
+    """A spec's policy as a Runtime (core/protocols.py), served by the same node as the action-token policy: one
+    forward pass makes a one-step ActionChunk (anchor q, then the target one policy period later). No separate
+    target engine, no planner (engine, engine_choice: None)."""
 
     def __init__(self, spec_path: str | Path, model_override: str | Path | None = None, warmup_steps: int = 10):
         self.spec = ByoSpec.load(spec_path, model=model_override)
@@ -361,6 +363,9 @@ class ByoRuntime:
 
     def set_budget_ms(self, budget_ms: float) -> None:
         pass  # one forward pass per step: nothing to cut short
+
+    def observe_costs(self, observer: Callable[[str, int], None]) -> None:
+        pass  # no planner, no costs
 
     def chunk_timing(self, period_ns: int) -> tuple[int, int]:
         """(control ticks between policy steps, rounded: 8 for a 30 Hz policy at 250 Hz, i.e. 31.25 Hz; the
@@ -388,14 +393,15 @@ class ByoRuntime:
         self.n_chunks = 0
 
     def step(self, obs: Observation, t_start_ns: int | None = None, step_ns: int | None = None,
-             budget: bool = True) -> ActionChunk:
+             budget: bool = True, on_first_step: Callable[[ActionChunk], None] | None = None) -> ActionChunk:
         """The chunk for `obs`: steps_rad (2, D) = [obs.q_rad, target], step_ns (default one policy period)
         apart; obs's extra channels feed the channel fields, its time since the episode's first observation the
         phase fields. A single forward pass has nothing to cut short, so t_start_ns and budget are accepted for
-        the serve loop's sake and unused. A step the policy skips (ByoPolicy.act: an input past float32, a
-        non-finite action) gives a NaN target, which the serve loop turns into the continue rung. Raises
-        ValueError as ByoPolicy.act (ObservationMismatch, a ValueError, for an observation without a channel
-        the spec reads: the episode's clock is then not started by it)."""
+        the serve loop's sake and unused, and the chunk is its first step (on_first_step is never called). A
+        step the policy skips (ByoPolicy.act: an input past float32, a non-finite action) gives a NaN target,
+        which the serve loop turns into the continue rung. Raises ValueError as ByoPolicy.act
+        (ObservationMismatch, a ValueError, for an observation without a channel the spec reads: the episode's
+        clock is then not started by it)."""
         t0_ns = obs.t_ns if self.t0_ns is None else self.t0_ns
         target, _ = self.policy.act(obs.q_rad, obs.qd_rad_s, obs.channels(), (obs.t_ns - t0_ns) / 1e9)
         self.t0_ns = t0_ns

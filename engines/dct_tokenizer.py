@@ -28,9 +28,8 @@ So the verified coefficients are kept exactly (C_r M_r = I), all H rows decode e
 C^T), and the fill starts from the observation with p's velocity: right where the arm acts. No row at all is p
 itself, the kinematic drafter's chunk.
 
-A tokenizer fitted before the departure was tokenized (manifests without "about", about="rest") holds the DCT of
-the offsets themselves; it decodes as x = p + M_r (c_verified - C_r p), p from the increment when one is given,
-else zeros, and encodes without one.
+A manifest's tokenizer states what its coefficients are taken about ("about": "constant_velocity", the only kind
+this module decodes); one that does not is refused at load (from_state_dict), naming the field.
 
 Reconstruction error bound, per joint j and prefix length r rows: with e the quantisation error of the kept
 coefficients (|e[k, j]| <= width[k, j] / 2 for a coefficient inside its fitted range; clipped ones err by more),
@@ -44,7 +43,6 @@ plus verified low frequencies costs only the quantisation. docs/anytime.md has t
 from __future__ import annotations
 
 import functools
-import warnings
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -53,7 +51,7 @@ from scipy.fft import dct
 
 from edgeinfer.engines.bins import bin_index, checked_range, fitted_range
 
-ABOUT = ("constant_velocity", "rest")  # what the coefficients are taken about: the departure from p, or the offsets
+ABOUT = "constant_velocity"  # what the coefficients are taken about: the departure from the constant-velocity chunk
 
 
 @dataclass
@@ -61,22 +59,20 @@ class DctTokenizer:
     """Per (coefficient, joint) bin ranges fitted on training data.
 
     lo_rad, hi_rad: (H, D) float64, the range of DCT coefficient k of joint j (rad; orthonormal DCT-II along the
-    horizon of the chunk's departure from the constant-velocity chunk, or with about="rest" of the offsets).
+    horizon of the chunk's departure from the constant-velocity chunk).
     n_bins: bins per coefficient; token ids are 0..n_bins-1 everywhere.
-    Raises ValueError for ranges of different or non-2-D shape, hi <= lo, n_bins < 2, or an unknown `about`.
+    Raises ValueError for ranges of different or non-2-D shape, hi <= lo, or n_bins < 2.
     """
 
     lo_rad: np.ndarray
     hi_rad: np.ndarray
     n_bins: int = 64
-    about: str = "constant_velocity"
+    about: ClassVar[str] = ABOUT
     kind: ClassVar[str] = "dct"
     prefix_rung: ClassVar[str] = "coarse"  # a chunk cut at a row boundary still spans the whole horizon
 
     def __post_init__(self):
         self.lo_rad, self.hi_rad = checked_range("DctTokenizer", self.lo_rad, self.hi_rad, self.n_bins, "(H, D)", 2)
-        if self.about not in ABOUT:
-            raise ValueError(f"DctTokenizer.about is {self.about!r}; known: {ABOUT}")
 
     @classmethod
     def fit(cls, offsets_rad: np.ndarray, increment_rad: np.ndarray, n_bins: int = 64,
@@ -113,15 +109,12 @@ class DctTokenizer:
         return bin_index(value_rad, self.lo_rad[coef, joint], self.width_rad[coef, joint], self.n_bins)
 
     def prior_rad(self, increment_rad: np.ndarray | None, batch: tuple[int, ...] | None = None) -> np.ndarray:
-        """The constant-velocity chunk (..., H, D) rad of increments q - q_prev (..., D) rad; None: zeros (H, D),
-        allowed only with about="rest". batch: the leading shape the increments must have (that of the tokens or
-        offsets they go with; None: any). Raises ValueError for None otherwise, increments of another D or batch,
-        or non-finite ones."""
+        """The constant-velocity chunk (..., H, D) rad of increments q - q_prev (..., D) rad. batch: the leading
+        shape the increments must have (that of the tokens or offsets they go with; None: any). Raises ValueError
+        for None, increments of another D or batch, or non-finite ones."""
         if increment_rad is None:
-            if self.about != "rest":
-                raise ValueError("a DCT tokenizer about constant velocity needs the observation's last chunk-step "
-                                 "increment q - q_prev (increment_rad) to encode or decode")
-            return np.zeros(self.lo_rad.shape)
+            raise ValueError("a DCT tokenizer about constant velocity needs the observation's last chunk-step "
+                             "increment q - q_prev (increment_rad) to encode or decode")
         increment = np.asarray(increment_rad, dtype=np.float64)
         if increment.shape[-1:] != (self.n_joints,) or batch is not None and increment.shape[:-1] != batch:
             want = str((*batch, self.n_joints)) if batch is not None else f"(..., {self.n_joints})"
@@ -142,9 +135,9 @@ class DctTokenizer:
         if not np.all(np.isfinite(offsets_rad)):
             raise ValueError("offsets_rad must be finite to be encoded")
         batch = offsets_rad.shape[:-2]
-        told = offsets_rad if self.about == "rest" else offsets_rad - self.prior_rad(increment_rad, batch)
+        departure = offsets_rad - self.prior_rad(increment_rad, batch)
         k, j = np.indices(self.lo_rad.shape)
-        tokens = self.bin_of(dct_rad(told), k, j)  # (..., H, D): row k holds coefficient k of every joint
+        tokens = self.bin_of(dct_rad(departure), k, j)  # (..., H, D): row k holds coefficient k of every joint
         return tokens.reshape(*tokens.shape[:-2], -1)
 
     def coefficients(self, tokens: np.ndarray) -> np.ndarray:
@@ -173,8 +166,6 @@ class DctTokenizer:
         rows = np.asarray(tokens).shape[-1] // self.n_joints
         prior = self.prior_rad(increment_rad, np.shape(tokens)[:-1])
         told = coefs[..., :rows, :]  # (..., r, D): what the prefix says about the departure from the prior
-        if self.about == "rest":
-            told = told - dct_rad(prior)[..., :rows, :]
         return prior + np.einsum("hr,...rd->...hd", completion_gain(self.horizon, rows), told)
 
     def error_bound_sq(self, rows: int, offsets_rad: np.ndarray, increment_rad: np.ndarray | None = None) -> np.ndarray:
@@ -197,13 +188,15 @@ class DctTokenizer:
 
     @classmethod
     def from_state_dict(cls, state: dict) -> "DctTokenizer":
-        """A manifest's "tokenizer" entry; one without "about" predates the departure and is about="rest" (with a
-        warning: such a policy's chunks are not as accurate where the arm acts; retrain it)."""
-        if "about" not in state:
-            warnings.warn('a DCT tokenizer without "about" holds the DCT of the offsets themselves (trained before '
-                          "2026-12-02): it decodes as it did; retrain it (edgeinfer train --tokenizer dct) for tokens "
-                          "of the departure from constant velocity, docs/policy.md", UserWarning, stacklevel=2)
-        return cls(np.array(state["lo_rad"]), np.array(state["hi_rad"]), state["n_bins"], state.get("about", "rest"))
+        """A manifest's "tokenizer" entry. Raises ValueError when its "about" is missing or other than
+        "constant_velocity": such tokens are not the departure from constant velocity and do not decode here."""
+        about = state.get("about")
+        if about != ABOUT:
+            found = "is missing" if about is None else f"is {about!r}"
+            raise ValueError(f'DCT tokenizer field "about" {found}; only {ABOUT!r} (tokens of the departure from '
+                             "constant velocity) decodes: retrain the policy with edgeinfer train --tokenizer dct "
+                             "(docs/policy.md#dct-action-tokens)")
+        return cls(np.array(state["lo_rad"]), np.array(state["hi_rad"]), state["n_bins"])
 
 
 def dct_rad(offsets_rad: np.ndarray) -> np.ndarray:

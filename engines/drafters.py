@@ -82,10 +82,9 @@ class KinematicDrafter:
 class DctKinematicDrafter:
     """The kinematic drafter in DCT space (engines/dct_tokenizer.py): the constant-velocity extrapolation of each
     joint over the whole horizon, offset[h] = (h+1) * (q - q_prev), h = 0..H-1, tokenised once per chunk; draft
-    token p is its token p. For a tokenizer about constant velocity that chunk departs from its prior by nothing:
-    every draft is the bin of a zero coefficient (for one about rest, the ramp's own coefficients). A coefficient
-    does not follow from the ones before it the way a step follows from the steps before it, so the drafts ignore
-    the committed tokens (the target corrects them)."""
+    token p is its token p. That chunk is the tokenizer's own prior, so its departure is zero: every draft is the
+    bin of a zero coefficient. A coefficient does not follow from the ones before it the way a step follows from the
+    steps before it, so the drafts ignore the committed tokens (the target corrects them)."""
 
     name = "kinematic"
 

@@ -27,10 +27,10 @@ KV cache (n_slots, 2, n_layers, n_heads, seq_len, head_dim) float64: slot s is F
 position (rollback is a no-op). Work buffers are preallocated for every slot's full sequence in one call.
 
 Cost: batching shares the Python and call overhead of a pass, not its arithmetic (the kernel is compute-bound per
-row: matrix products, GELU's erf, attention). An earlier version ran the matrix products as one BLAS call per
-block of 2 rows; OpenBLAS re-packed the whole weight matrix for every block, and a sequence cost twice its
-single-engine cost (1.6-2.0 ms per robot per 48-token chunk at B = 8-16 against 0.9 ms, AMD EPYC VM, under
-load); with fused_engine._linear it costs 0.78-0.96 ms (docs/fleet.md).
+row: matrix products, GELU's erf, attention). The matrix products are fused_engine._linear, not BLAS: OpenBLAS
+re-packs the whole weight matrix on every call, which on blocks of a few rows doubles a sequence's cost. A
+48-token chunk costs 0.57-1.09 ms of kernel per robot at B = 1-16, against 0.74-0.93 ms on FusedEngine alone
+(2-core AMD EPYC VM, quiet; scripts/fleet_kernel_cost.py, docs/fleet.md "The batched kernel").
 """
 from __future__ import annotations
 

@@ -29,13 +29,14 @@ the adapter's append path.
 """
 from __future__ import annotations
 
-import argparse
 import copy
 import dataclasses
+import functools
 import inspect
 import json
 import statistics
 import time
+from pathlib import Path
 from typing import Callable
 
 import numpy as np
@@ -134,6 +135,45 @@ def compare_with_hf_assisted(n_prompts: int = 8, max_new_tokens: int = 48, seed:
         transformers.logging.set_verbosity(verbosity)
 
 
+def _hf_run(hf_target, hf_draft, prompts: list, n_new: int, assistant: dict | None) -> Callable[[], list[list[int]]]:
+    """transformers' generate over every prompt. assistant: None (target-only), or the assistant's generation
+    settings ({} = the defaults). They live in the draft's generation_config, where assisted generation reads
+    (and adapts) them."""
+    def run():
+        kwargs = {}
+        if assistant is not None:
+            for name in _ASSISTANT_SETTINGS:
+                setattr(hf_draft.generation_config, name, assistant.get(name))
+            kwargs["assistant_model"] = hf_draft
+        out = []
+        for p in prompts:
+            ids = torch.as_tensor(p, dtype=torch.long)[None]
+            with torch.inference_mode():
+                seq = hf_target.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                                         max_new_tokens=n_new, **kwargs)
+            out.append(seq[0, len(p):].tolist())
+        return out
+    return run
+
+
+def _ei_run(engine, drafter, prompts: list, n_new: int, k: int, stats: dict) -> Callable[[], list[list[int]]]:
+    """edgeinfer's speculative_decode over every prompt with a fixed k (0: target-only); stats[k] = (target
+    passes, drafted, accepted) of the last run."""
+    def run():
+        out, passes, drafted, accepted = [], 0, 0, 0
+        for p in prompts:
+            planner = TickPlanner(SchedulerConfig(k_max=k))
+            planner.unlimited()
+            if k:
+                drafter.start(p)
+            res = speculative_decode(engine, p, n_new, drafter if k else None, planner)
+            out.append(res.tokens)
+            passes, drafted, accepted = passes + res.target_passes, drafted + res.drafted, accepted + res.accepted
+        stats[k] = (passes, drafted, accepted)
+        return out
+    return run
+
+
 def _compare(n_prompts, max_new_tokens, seed, prompt_len, repeats, ks, refine_scale) -> dict:
     cfg = dataclasses.replace(PEER_TARGET, max_seq_len=prompt_len + max_new_tokens + 16)
     target, draft = peer_pair(seed, cfg, refine_scale)
@@ -144,42 +184,9 @@ def _compare(n_prompts, max_new_tokens, seed, prompt_len, repeats, ks, refine_sc
     hf_calls, hf_draft_calls = _Count(hf_target), _Count(hf_draft)
     engine, drafter = TorchModuleEngine(target), EngineDrafter(TorchModuleEngine(draft))
     assistant_defaults = _assistant_defaults(hf_draft)
-
-    def hf_run(assistant: dict | None) -> Callable[[], list[list[int]]]:
-        """assistant: None (target-only), or the assistant's generation settings ({} = the defaults). They
-        live in the draft's generation_config, where assisted generation reads (and adapts) them."""
-        def run():
-            kwargs = {}
-            if assistant is not None:
-                for name in _ASSISTANT_SETTINGS:
-                    setattr(hf_draft.generation_config, name, assistant.get(name))
-                kwargs["assistant_model"] = hf_draft
-            out = []
-            for p in prompts:
-                ids = torch.as_tensor(p, dtype=torch.long)[None]
-                with torch.inference_mode():
-                    seq = hf_target.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
-                                             max_new_tokens=n_new, **kwargs)
-                out.append(seq[0, len(p):].tolist())
-            return out
-        return run
-
-    stats = {}
-
-    def ei_run(k: int) -> Callable[[], list[list[int]]]:
-        def run():
-            out, passes, drafted, accepted = [], 0, 0, 0
-            for p in prompts:
-                planner = TickPlanner(SchedulerConfig(k_max=k))
-                planner.unlimited()
-                if k:
-                    drafter.start(p)
-                res = speculative_decode(engine, p, n_new, drafter if k else None, planner)
-                out.append(res.tokens)
-                passes, drafted, accepted = passes + res.target_passes, drafted + res.drafted, accepted + res.accepted
-            stats[k] = (passes, drafted, accepted)
-            return out
-        return run
+    hf_run = functools.partial(_hf_run, hf_target, hf_draft, prompts, n_new)  # (assistant settings)
+    stats: dict = {}  # k -> (target passes, drafted, accepted) of edgeinfer's last run with that k
+    ei_run = functools.partial(_ei_run, engine, drafter, prompts, n_new, stats=stats)  # (k)
 
     # edgeinfer's k: the fastest of ks on these prompts, median of `repeats` interleaved runs after a warm-up
     ei_run(ks[0])()
@@ -262,21 +269,31 @@ def format_table(result: dict) -> str:
     return "\n".join(lines)
 
 
+@dataclasses.dataclass
+class HfPeerConfig:
+    """`python -m edgeinfer.engines.hf_peer`: the prompts decoded and how often each method is timed."""
+
+    prompts: int = 8  # number of prompts
+    max_new_tokens: int = 48  # tokens generated per prompt
+    repeats: int = 5  # timed runs per method (the median is reported)
+    seed: int = 0  # seed of the random target/draft pair and of the prompts
+    json: Path | None = None  # write the result here
+
+    def __post_init__(self):
+        if min(self.prompts, self.max_new_tokens, self.repeats) < 1:
+            raise ValueError(f"HfPeerConfig.prompts, max_new_tokens and repeats must be >= 1, got {self}")
+
+
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--prompts", type=int, default=8, help="number of prompts")
-    ap.add_argument("--max-new-tokens", type=int, default=48)
-    ap.add_argument("--repeats", type=int, default=5, help="timed runs per method (median)")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--json", help="write the result here")
-    a = ap.parse_args(argv)
-    result = compare_with_hf_assisted(a.prompts, a.max_new_tokens, a.seed, repeats=a.repeats)
+    from edgeinfer.core.config import parse
+
+    cfg = parse(HfPeerConfig, argv, prog="python -m edgeinfer.engines.hf_peer", description=__doc__.splitlines()[0])
+    result = compare_with_hf_assisted(cfg.prompts, cfg.max_new_tokens, cfg.seed, repeats=cfg.repeats)
     print(format_table(result))
     print(json.dumps(result["settings"], indent=1))
-    if a.json:
-        with open(a.json, "w") as fh:
+    if cfg.json:
+        with open(cfg.json, "w") as fh:
             json.dump(result, fh, indent=1)
-
 
 if __name__ == "__main__":
     main()

@@ -57,7 +57,7 @@ class PolicyConfig(ChunkShape):
 
 # `edgeinfer train --size`: the transformer's shape per size. small is PolicyConfig's default (the shipped
 # schunk_target, 0.11 M parameters on the Schunk chunk); large has 3.2 M, where arithmetic, not framework
-# dispatch, starts to set an engine's time (issue 18).
+# dispatch, starts to set an engine's time.
 POLICY_SIZES = {
     "small": {"d_model": 64, "n_layers": 2, "n_heads": 4},
     "large": {"d_model": 256, "n_layers": 4, "n_heads": 8},

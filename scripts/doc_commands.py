@@ -1,4 +1,4 @@
-"""Run every command block of README.md and docs/*.md as written, on a fresh clone (issue 32).
+"""Run every command block of README.md and docs/*.md as written, on a fresh clone.
 
     python scripts/doc_commands.py              # the cheap commands (tests/test_doc_commands.py runs these)
     python scripts/doc_commands.py --long       # every command: the long ones with their smallest documented

@@ -1,6 +1,6 @@
 """Kernel cost of a 48-token chunk per robot on the batched fused engine at batch 1, 8 and 16 (a prefill pass, then
 one greedy_runs call per row of D tokens, as the fleet scheduler runs target-only chunks), and of the single
-FusedEngine's whole-chunk greedy_chunk, in one process (docs/fleet.md, "The batched kernel, before and after").
+FusedEngine's whole-chunk greedy_chunk, in one process (docs/fleet.md, "The batched kernel").
 
     .venv/bin/python scripts/fleet_kernel_cost.py       # ~20 s; median of 25 chunks after 5 warm-up ones
 """

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The test suite on a loaded machine: one CPU burner per core (busy loops at normal priority, competing with
 # every test process for the whole run), the README's test command RUNS times in a row; prints each run's
-# wall time and result. Shows that the tests hold when the host stalls processes (issue 16).
+# wall time and result. Shows that the tests hold when the host stalls processes.
 #
 #   bash scripts/loaded_suite.sh            # 3 runs, burners on all cores
 #   RUNS=1 BURNERS=4 bash scripts/loaded_suite.sh -k replay      # extra arguments go to pytest

@@ -15,8 +15,9 @@ import zmq
 
 from edgeinfer.core import clock, transport
 from edgeinfer.sim.config import ReplayConfig
-from edgeinfer.sim.replay import load_log, stream
+from edgeinfer.sim.replay import stream
 from edgeinfer.sim.schedule import tick_grid
+from edgeinfer.sim.session import load_log
 
 
 def main() -> None:

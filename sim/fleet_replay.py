@@ -25,24 +25,22 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Literal
 
-import zmq
 from rich.console import Console
 
 from edgeinfer.core import transport
 from edgeinfer.core.clock import now_ns
-from edgeinfer.core.lifecycle import InterruptSignals
-from edgeinfer.core.progress import Progress, say
+from edgeinfer.core.progress import Progress
 from edgeinfer.core.wire import Hello, Start, Stop
 from edgeinfer.logs.arm_log import list_schunk_runs, split_of
 from edgeinfer.node.fleet_config import CONTROLLER, FleetConfig
 from edgeinfer.node.runtime import RuntimeConfig
 from edgeinfer.procs.nodes import Node, NodeGroup
 from edgeinfer.procs.spec import NodeSpec
-from edgeinfer.sim import stats
 from edgeinfer.sim.fleet_group import SYNTHETIC, FleetRobotsConfig, robot_log
 from edgeinfer.sim.fleet_report import fleet_summary, print_fleet, robot_figures, write_plot
 from edgeinfer.sim.fleet_robot import load_record
 from edgeinfer.sim.preflight import policy_shape
+from edgeinfer.sim.session import RunSession, say_exit_codes
 
 SYNTHETIC_SHIFT_S = 0.5  # without real logs, robot i replays the synthetic log from i * this on
 START_MARGIN_NS = 200_000_000  # Start is published this long before t0: every group has it in time
@@ -128,11 +126,61 @@ def robot_logs(cfg: FleetReplayConfig) -> list[tuple[str, float]]:
     return [(paths[i % len(paths)], (i // len(paths)) * SYNTHETIC_SHIFT_S) for i in range(cfg.robots)]
 
 
+@dataclass
+class FleetPlan:
+    """A fleet replay laid out before any process starts (plan_fleet)."""
+
+    names: list[str]  # the robots' names, robot00..
+    logs: list[tuple[str, float]]  # each robot's (log, shift_s): robot_logs
+    period_ns: int  # the control period of the first robot's log, ns
+    joins: list[float]  # per robot, its join time, s after the start
+    kills: list[float]  # per robot, when its group process is SIGKILLed, s after the start (< 0: never)
+    runtimes: list[tuple[str, str]]  # (name, ROUTER endpoint) of each fleet runtime process
+    groups: list[FleetRobotsConfig]  # each robot-group process
+    sockdir: Path  # the ipc endpoints' folder (removed at the end)
+    start_ep: str  # the coordinator's PUB (Hello, Start, Stop)
+    ready_ep: str  # the coordinator's PULL (the robot groups' ready reports)
+
+
 def fleet_replay(cfg: FleetReplayConfig, console: Console | None = None) -> dict:
     """Run the fleet replay (see the module docstring) and return its report (also in cfg.out/fleet_report.json).
     Raises LogError for a log the policy cannot run on, RuntimeError when a process dies during start-up,
     TimeoutError when a runtime or robot group does not come up within cfg.handshake_timeout_s."""
     console = console or Console()
+    plan = plan_fleet(cfg)
+    exit_codes: dict[str, int | None] = {}
+    killed, drilled, interrupted = set(), set(), False
+    with RunSession() as run:
+        run.defer(shutil.rmtree, plan.sockdir, ignore_errors=True)
+        controllers = [transport.dealer(run.ctx, ep, CONTROLLER) for _, ep in plan.runtimes]
+        run.defer(_stop_runtimes, run.group, controllers, exit_codes)  # each writes its report as it exits
+        pub = transport.pub(run.ctx, plan.start_ep)
+        try:
+            robot_nodes = _start(run, cfg, plan, controllers, pub, console)
+            t0 = now_ns() + START_MARGIN_NS
+            transport.send(pub, Start(t0, plan.period_ns, 0))
+            end_s = max(plan.joins) + (cfg.join_lead_ms + cfg.budget_ms + cfg.settle_ms) / 1e3 + cfg.duration_s
+            with Progress(f"fleet-replay: {cfg.robots} robots replaying for {cfg.duration_s:g} s", console=console):
+                killed = _supervise(robot_nodes, plan.names, plan.kills, t0, end_s + 30.0, run.group)
+            drilled = {g for g, (_, members) in robot_nodes.items() if killed & set(members)}  # SIGKILLed on purpose
+            exit_codes |= {g: node.returncode for g, (node, _) in robot_nodes.items()}
+        except KeyboardInterrupt:
+            run.signals.ignore()  # a second Ctrl-C must not lose the report of the first
+            interrupted = True
+            transport.send(pub, Stop("interrupted"))
+    failed = {name: code for name, code in exit_codes.items() if code not in (0, None) and name not in drilled}
+    report = _report(cfg, plan.names, plan.logs, killed, exit_codes, plan.runtimes, interrupted, failed)
+    console.print(f"wrote {cfg.out}/: fleet_report.json, robots/*.json{', fleet.png' if cfg.plots else ''}")
+    print_fleet(report, console)
+    say_exit_codes(console, failed, cfg.out)  # last: a failed process is not to be missed above the table
+    return report
+
+
+def plan_fleet(cfg: FleetReplayConfig) -> FleetPlan:
+    """Lay the fleet replay out: each robot's log (every one read here, so that a bad one fails before any process
+    starts), phase, join and kill time, runtime and group process; clear cfg.out of an earlier run's records and
+    reports (they must not pass for this one's); a new folder for the ipc endpoints (loopback, no port to race
+    for). Raises LogError, ValueError for a kill drill that would kill robots sharing its group process."""
     names = [f"robot{i:02d}" for i in range(cfg.robots)]
     logs = robot_logs(cfg)
     shape = policy_shape(RuntimeConfig(policy=cfg.fleet.policy), None)
@@ -141,85 +189,54 @@ def fleet_replay(cfg: FleetReplayConfig, console: Console | None = None) -> dict
     phases = [0 if cfg.phase == "sync" else r * replan_ns // cfg.robots for r in range(cfg.robots)]
     joins, kills = cfg.per_robot("join_at_s", 0.0), cfg.per_robot("kill_robot_at_s", -1.0)
     cfg.out.mkdir(parents=True, exist_ok=True)
-    records = cfg.out / "robots"
-    shutil.rmtree(records, ignore_errors=True)  # a record or report of an earlier run must not pass for this one's
+    shutil.rmtree(cfg.out / "robots", ignore_errors=True)
     per = cfg.robots_per_process or cfg.robots
-    groups = [names[g:g + per] for g in range(0, cfg.robots, per)]
-    for members in groups:  # a kill drill SIGKILLs a robot's group process: every robot in it at once
-        if len({kills[names.index(n)] for n in members}) > 1:
-            raise ValueError(f"FleetReplayConfig.kill_robot_at_s: robots {members} share one group process "
-                             "(robots_per_process) but not one kill time; a kill drill kills its whole group: set "
-                             "robots_per_process 1")
-    sockdir = Path(tempfile.mkdtemp(prefix="ei-fleet-"))  # ipc endpoints: loopback, no port to race for
+    groups = [list(range(g, min(g + per, cfg.robots))) for g in range(0, cfg.robots, per)]
+    for idx in groups:  # a kill drill SIGKILLs a robot's group process: every robot in it at once
+        if len({kills[i] for i in idx}) > 1:
+            raise ValueError(f"FleetReplayConfig.kill_robot_at_s: robots {[names[i] for i in idx]} share one group "
+                             "process (robots_per_process) but not one kill time; a kill drill kills its whole group: "
+                             "set robots_per_process 1")
+    sockdir = Path(tempfile.mkdtemp(prefix="ei-fleet-"))
     runtimes = ([(f"runtime-{n}", f"ipc://{sockdir}/{n}") for n in names] if cfg.runtime_per_robot
                 else [("runtime", f"ipc://{sockdir}/runtime")] if cfg.runtimes == 1
                 else [(f"runtime{j}", f"ipc://{sockdir}/runtime{j}") for j in range(min(cfg.runtimes, cfg.robots))])
-    endpoint_of = {n: runtimes[i % len(runtimes)][1] for i, n in enumerate(names)}
     for path in [cfg.out / "fleet_report.json", *(cfg.out / f"{n}.json" for n, _ in runtimes)]:
         path.unlink(missing_ok=True)
     start_ep, ready_ep = f"ipc://{sockdir}/start", f"ipc://{sockdir}/ready"
-    stats.preload()
-    signals = InterruptSignals()
-    ctx = zmq.Context()
-    node_group = NodeGroup(grace_s=5.0)
-    killed: set[str] = set()
-    interrupted = False
-    exit_codes: dict[str, int | None] = {}
-    pub, rt_nodes, controllers, drilled = None, [], [], set()
-    try:
-        rt_nodes = [node_group.start(NodeSpec("fleet", (replace(cfg.fleet, endpoint=ep, report=cfg.out / f"{n}.json"),),
-                                              n, cfg.out / f"{n}.log")) for n, ep in runtimes]
-        controllers = [transport.dealer(ctx, ep, CONTROLLER) for _, ep in runtimes]
-        with Progress(f"fleet-replay: starting {len(rt_nodes)} fleet runtime(s) (warm-up)", console=console):
-            _await_runtimes(controllers, rt_nodes, node_group, cfg.handshake_timeout_s)
-        pub = transport.pub(ctx, start_ep)
-        ready = transport.Receiver(transport.pull(ctx, ready_ep))
-        robot_nodes = {}
-        for g, members in enumerate(groups):
-            idx = [names.index(n) for n in members]
-            gcfg = FleetRobotsConfig(
-                names=members, endpoints=[endpoint_of[n] for n in members], logs=[logs[i][0] for i in idx],
-                log_shift_s=[logs[i][1] for i in idx], phase_ns=[phases[i] for i in idx],
-                join_at_s=[joins[i] for i in idx], stride_ticks=shape["stride_ticks"],
-                replan_every_ticks=shape["stride_ticks"], duration_s=cfg.duration_s, budget_ms=cfg.budget_ms,
-                max_budget_ms=cfg.max_budget_ms or cfg.budget_ms, start_endpoint=start_ep, ready_endpoint=ready_ep,
-                out=records, group=f"robots{g}", join_lead_ms=cfg.join_lead_ms, settle_ms=cfg.settle_ms,
-                keep_chunks=cfg.keep_chunks, robot_priority=cfg.robot_priority,
-                handshake_timeout_s=cfg.handshake_timeout_s)
-            robot_nodes[gcfg.group] = (node_group.start(NodeSpec("fleet-robots", (gcfg,), gcfg.group,
-                                                                 cfg.out / f"{gcfg.group}.log")), members)
-        with Progress(f"fleet-replay: starting {len(groups)} robot group process(es)", console=console):
-            transport.wait_until_subscribed(pub, "fleet-replay", ready, set(robot_nodes), cfg.handshake_timeout_s,
-                                            check=lambda: node_group.check_started([n for n, _ in
-                                                                                    robot_nodes.values()]))
-        t0 = now_ns() + START_MARGIN_NS
-        transport.send(pub, Start(t0, first.period_ns, 0))
-        end_s = max(joins) + (cfg.join_lead_ms + cfg.budget_ms + cfg.settle_ms) / 1e3 + cfg.duration_s
-        with Progress(f"fleet-replay: {cfg.robots} robots replaying for {cfg.duration_s:g} s", console=console):
-            killed = _supervise(robot_nodes, names, kills, t0, end_s + 30.0, node_group)
-        drilled = {g for g, (_, members) in robot_nodes.items() if killed & set(members)}  # SIGKILLed on purpose
-        exit_codes |= {g: node.returncode for g, (node, _) in robot_nodes.items()}
-    except KeyboardInterrupt:
-        interrupted = True
-    finally:
-        signals.ignore()
-        try:
-            if interrupted and pub is not None:
-                transport.send(pub, Stop("interrupted"))
-            stop = Stop("end of the fleet replay")
-            exit_codes |= node_group.finish(rt_nodes, poke=lambda: [transport.send(s, stop) for s in controllers])
-        finally:
-            node_group.close()
-            ctx.destroy(linger=0)
-            shutil.rmtree(sockdir, ignore_errors=True)
-            signals.restore()
-    failed = {name: code for name, code in exit_codes.items() if code not in (0, None) and name not in drilled}
-    report = _report(cfg, names, logs, killed, exit_codes, runtimes, interrupted, failed)
-    console.print(f"wrote {cfg.out}/: fleet_report.json, robots/*.json{', fleet.png' if cfg.plots else ''}")
-    print_fleet(report, console)
-    for name, code in failed.items():  # last: a failed process is not to be missed above the table
-        say(console, f"{name} process exited with code {code}; see {cfg.out / (name + '.log')}", "red")
-    return report
+    configs = [FleetRobotsConfig(
+        names=[names[i] for i in idx], endpoints=[runtimes[i % len(runtimes)][1] for i in idx],
+        logs=[logs[i][0] for i in idx], log_shift_s=[logs[i][1] for i in idx], phase_ns=[phases[i] for i in idx],
+        join_at_s=[joins[i] for i in idx], stride_ticks=shape["stride_ticks"], replan_every_ticks=shape["stride_ticks"],
+        duration_s=cfg.duration_s, budget_ms=cfg.budget_ms, max_budget_ms=cfg.max_budget_ms or cfg.budget_ms,
+        start_endpoint=start_ep, ready_endpoint=ready_ep, out=cfg.out / "robots", group=f"robots{g}",
+        join_lead_ms=cfg.join_lead_ms, settle_ms=cfg.settle_ms, keep_chunks=cfg.keep_chunks,
+        robot_priority=cfg.robot_priority, handshake_timeout_s=cfg.handshake_timeout_s) for g, idx in enumerate(groups)]
+    return FleetPlan(names, logs, first.period_ns, joins, kills, runtimes, configs, sockdir, start_ep, ready_ep)
+
+
+def _start(run: RunSession, cfg: FleetReplayConfig, plan: FleetPlan, controllers: list, pub,
+           console: Console) -> dict[str, tuple[Node, list[str]]]:
+    """Start the fleet runtimes and wait until each answers a Hello on its controller DEALER (once warmed up); then
+    the robot-group processes, and wait until each is subscribed to `pub`. Returns group -> (node, its robots)."""
+    rt_nodes = run.start(*(NodeSpec("fleet", (replace(cfg.fleet, endpoint=ep, report=cfg.out / f"{n}.json"),), n,
+                                    cfg.out / f"{n}.log") for n, ep in plan.runtimes))
+    with Progress(f"fleet-replay: starting {len(rt_nodes)} fleet runtime(s) (warm-up)", console=console):
+        _await_runtimes(controllers, rt_nodes, run.group, cfg.handshake_timeout_s)
+    ready = transport.Receiver(transport.pull(run.ctx, plan.ready_ep))
+    nodes = run.start(*(NodeSpec("fleet-robots", (g,), g.group, cfg.out / f"{g.group}.log") for g in plan.groups))
+    with Progress(f"fleet-replay: starting {len(nodes)} robot group process(es)", console=console):
+        transport.wait_until_subscribed(pub, "fleet-replay", ready, {g.group for g in plan.groups},
+                                        cfg.handshake_timeout_s, check=lambda: run.group.check_started(nodes))
+    return {g.group: (node, g.names) for g, node in zip(plan.groups, nodes)}
+
+
+def _stop_runtimes(group: NodeGroup, controllers: list, exit_codes: dict) -> None:
+    """Stop every fleet runtime of `group` (a Stop on each controller DEALER, repeated while NodeGroup.finish waits,
+    SIGTERM for a straggler); their exit codes into `exit_codes`."""
+    stop = Stop("end of the fleet replay")
+    runtimes = [node for node in group.nodes if node.spec.command == "fleet"]
+    exit_codes.update(group.finish(runtimes, poke=lambda: [transport.send(s, stop) for s in controllers]))
 
 
 def _check_logs(logs: list[tuple[str, float]], shape: dict, duration_s: float):

@@ -23,7 +23,7 @@ from edgeinfer.core.progress import say
 from edgeinfer.core.wire import RUNGS
 from edgeinfer.sim.stats import clopper_pearson_interval, latency_summary_ms
 
-SERVED_ATTAINMENT = 0.999  # the headline bar: >= 99.9 % chunk attainment
+SERVED_ATTAINMENT = 0.999  # the fleet's headline bar: >= 99.9 % chunk attainment
 SERVED_MISS_RATE = 0.001  # and <= 0.1 % steady-state control misses
 _NO_RUNG = 127
 

@@ -27,8 +27,8 @@ import select
 import socket
 import subprocess
 import sys
-import time
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Literal
 
@@ -37,35 +37,22 @@ import zmq
 from rich.console import Console
 from rich.markup import escape
 
-from edgeinfer.core import clock, transport
-from edgeinfer.core.lifecycle import InterruptSignals
-from edgeinfer.core.progress import say
+from edgeinfer.core import transport
 from edgeinfer.core.telemetry import stats_summary
-from edgeinfer.core.wire import Stop
 from edgeinfer.engines.paths import DEFAULT_POLICY
 from edgeinfer.node.runtime import RuntimeConfig
-from edgeinfer.procs.nodes import NodeGroup
 from edgeinfer.procs.spec import NodeSpec
-from edgeinfer.sim import roundtrip, stats
-from edgeinfer.sim.config import SessionConfig
-from edgeinfer.sim.host import measure_host, sched_state
-from edgeinfer.sim.metrics import CONFIDENCE, measured_chunks, row_of_tick, summarize, write_ticks
-from edgeinfer.sim.pacing import scaled_period_ns
+from edgeinfer.sim import roundtrip
+from edgeinfer.sim.config import ReplayConfig, SessionConfig
+from edgeinfer.sim.host import sched_state
+from edgeinfer.sim.metrics import CONFIDENCE, measured_chunks, row_of_tick, summarize
 from edgeinfer.sim.plots import PLOT_FILES, plot_histogram, plot_stages, plot_timeline
-from edgeinfer.sim.preflight import check_run_fits, log_defaults, policy_shape
 from edgeinfer.sim.received import HOLD, NONE
-from edgeinfer.sim.replay import (
-    ReplayConfig,
-    drain,
-    first_seconds,
-    load_log,
-    stream,
-)
-from edgeinfer.sim.report import print_table, replay_progress, write_report
-from edgeinfer.sim.run_mcap import run_mcap_section
-from edgeinfer.sim.schedule import replay_ticks
+from edgeinfer.sim.replay import drain, replay_rows
+from edgeinfer.sim.report import replay_progress
+from edgeinfer.sim.session import RobotSockets, RunSession, prepare, robot_sections, write_outputs
 from edgeinfer.sim.stats import latency_ci_ms, latency_summary_ms
-from edgeinfer.sim.supervisor import Supervisor, safety_section
+from edgeinfer.sim.supervisor import Supervisor
 
 PORT_MAP = {"chunks": 0, "echo": 1, "obs": 2, "ready": 3, "status": 4, "commands": 5}  # offsets from PORT
 # the runtime's histograms that subtract our timestamps from its clock: meaningless across hosts
@@ -182,111 +169,79 @@ def hil(cfg: HilConfig, console: Console | None = None) -> dict:
     """
     console = console or Console()
     rcfg = cfg.replay_config()
-    options, policy_defaults = log_defaults(rcfg, console)  # reader options: cfg's, else the policy manifest's
-    log = load_log(rcfg.log, rcfg.log_format, **options)
-    if cfg.duration_s is not None:
-        log = first_seconds(log, cfg.duration_s)
-    policy = policy_shape(rcfg.runtime, log)
-    deadline_ms = cfg.deadline_ms if cfg.deadline_ms is not None else scaled_period_ns(log.period_ns,
-                                                                                         cfg.time_scale) / 1e6
-    limits = check_run_fits(log, policy, rcfg, deadline_ms)
-    cfg.control.limits = limits.limits  # resolved (control/limits.py): the control node gets every value
-    for warning in limits.warnings:
-        say(console, f"limits: {warning}", "yellow")
-    stride, (ticks, _) = policy["stride_ticks"], replay_ticks(log, cfg.max_gap_s)
+    prep = prepare(rcfg, console)
     ep, echo, robot = hil_endpoints(cfg)
     keys = ep.curve_keys()
     cfg.out.mkdir(parents=True, exist_ok=True)
     console.print(f"hil: on the runtime host run: [bold]{escape(hil_serve_command(cfg, robot))}[/bold]\n"
                   f"hil: waiting up to {cfg.handshake_timeout_s:g} s for it (--handshake-timeout-s)")
-    timeout_ns = int(cfg.rtt_timeout_ms * 1e6)
-    # before the control node starts: it neither inherits the baseline's priority nor loads it
-    host = measure_host(scaled_period_ns(log.period_ns, cfg.time_scale), cfg.host_baseline_s,
-                        cfg.control.control_cpus, cfg.replayer_priority)
-    signals = InterruptSignals()
-    stats.preload()  # while the nodes start: the figures at the end of the run then need not wait for it
-    group = NodeGroup(grace_s=5.0)
-    control = group.start(hil_nodes(cfg, ep)[0])
-    prober = _start_prober(echo, cfg, cfg.out / "rtt_during.npy")
-    rt_warning = clock.enter_realtime(cfg.control.control_cpus, cfg.replayer_priority)
-    realtime = {"replayer": sched_state(0, cfg.replayer_priority)}  # the runtime's host is not this one
-    ctx = zmq.Context()
-    auth = transport.start_authenticator(ctx, keys)
-    obs_pub, stopped = None, False
-    try:
-        try:
-            obs_pub = transport.pub(ctx, ep.obs, bind=True, curve=keys)
-            cmd_rx = transport.Receiver(transport.pull(ctx, ep.commands, bind=True, hwm=10_000, curve=keys),
-                                        joints=log.n_joints)
-            ready_rx = transport.Receiver(transport.pull(ctx, ep.ready, bind=True, curve=keys))
-        except zmq.ZMQError as e:
-            raise OSError(f"cannot bind the robot side's sockets ({e}): another run on ports PORT+2..PORT+5 of "
-                          f"{cfg.endpoint}?") from None
-        chunk_rx = transport.Receiver(transport.sub(ctx, ep.chunks, hwm=10_000, curve=keys), joints=log.n_joints)
-        status_rx = transport.Receiver(transport.sub(ctx, ep.status, hwm=10_000, curve=keys))
-        def check() -> None:  # a CURVE mismatch with the runtime ends the wait at once, before the control loop's
-            transport.check_handshakes(chunk_rx.sock, status_rx.sock, cmd_rx.sock)
-            group.check_started([control])
+    with RunSession() as run:
+        # before the control node starts: it neither inherits the baseline's priority nor loads it
+        run.measure_host(prep.period_ns, cfg.host_baseline_s, cfg.control.control_cpus, cfg.replayer_priority)
+        (control,) = run.start(*hil_nodes(cfg, ep))
+        prober = _start_prober(run, echo, cfg, cfg.out / "rtt_during.npy")
+        run.realtime(cfg.control.control_cpus, cfg.replayer_priority)  # the runtime's host is not this one
+        run.authenticate(keys)
+        socks = _bind(run.ctx, ep, prep.log.n_joints, keys, cfg.endpoint)
+        run.defer(socks.abort, "hil failed on the robot side")
         with console.status(f"waiting for the runtime at {cfg.endpoint} and the local control loop"):
-            transport.wait_until_subscribed(obs_pub, "replayer", ready_rx, {"runtime", "control"},
-                                            cfg.handshake_timeout_s, check=check)
-            transport.wait_for_hello([chunk_rx], cfg.handshake_timeout_s, check=check)
-        realtime["control"] = sched_state(control.pid, cfg.control.realtime_priority)  # asked for when it opened
-        with console.status(f"timing {cfg.rtt_before} network round trips to {echo}"):
-            probe = roundtrip.connect(ctx, echo, keys)
-            if not roundtrip.warm_up(probe, timeout_ns):
-                raise RuntimeError(f"no echo from {echo} within {cfg.rtt_timeout_ms} ms: start the runtime with "
-                                   f"--echo-endpoint (see the serve command above)")
-            before = roundtrip.round_trips(probe, cfg.rtt_before, int(BEFORE_GAP_MS * 1e6), timeout_ns)
-            probe.close(linger=0)
+            socks.handshake(cfg.handshake_timeout_s, lambda: run.group.check_started([control]))
+        run.sched["control"] = sched_state(control.pid, cfg.control.realtime_priority)  # asked for when it opened
+        before = _round_trips_before(run.ctx, echo, keys, cfg, console)
         _go(prober)
-        with replay_progress(console, len(log), f"replaying at {log.rate_hz:.0f} Hz against {cfg.endpoint}") as bar:
-            sup = Supervisor(obs_pub, [], None, None, lambda: None, 0, status_rx)  # Heartbeats, status drained
-            rec = stream(log, ticks, stride, obs_pub, cmd_rx, chunk_rx, deadline_ms, cfg.settle_ms, sup.on_row,
-                          pacing=rcfg, progress=bar, pre_roll_ms=cfg.pre_roll_ms, chunk_steps=policy["horizon"] + 1)
-        signals.ignore()  # a second Ctrl-C must not lose the report of the first
-        stopped = transport.send(obs_pub, Stop("interrupted" if rec.interrupted else "end of log"))
+        with replay_progress(console, len(prep.log), f"replaying at {prep.log.rate_hz:.0f} Hz against "
+                                                     f"{cfg.endpoint}") as bar:
+            sup = Supervisor(socks.obs_pub, [], None, None, lambda: None, 0, socks.status_rx)  # Heartbeats; status read
+            rec = replay_rows(prep, socks, rcfg, sup.on_row, bar)
+        run.signals.ignore()  # a second Ctrl-C must not lose the report of the first
+        socks.stop(rec.interrupted)
         during = _stop_prober(prober, cfg.out / "rtt_during.npy", cfg.rtt_timeout_ms / 1000)
-        exit_code = group.finish([control])["control"]
-        drain(cmd_rx, chunk_rx, rec, status_rx, limit=10_000)
-    finally:
-        if obs_pub is not None and not stopped:  # a failed start: the remote runtime need not wait for its timeout
-            transport.send(obs_pub, Stop("hil failed on the robot side"))
-            time.sleep(0.1)  # LINGER 0: give the Stop a moment to leave before the context goes
-        group.close()
-        if prober.poll() is None:
-            prober.kill()
-        if auth is not None:
-            auth.stop()
-        ctx.destroy(linger=0)
-        clock.leave_realtime()
-        signals.restore()
-    report, per_tick = summarize(rec, log, rcfg, deadline_ms, stride)
+        exit_code = run.group.finish([control])["control"]
+        drain(socks.cmd_rx, socks.chunk_rx, rec, socks.status_rx, limit=10_000)
+    report, per_tick = summarize(rec, prep.log, rcfg, prep.deadline_ms, prep.stride)
     report.update(decode="remote", engine=f"runtime at {cfg.endpoint}", drafter=None, budget_ms=None, k_max=None,
                   process_exit_codes={"control": exit_code}, runtime_fault=None)
-    report["network"] = network_section(before, during, echo)
+    stages = _hil_sections(report, rec, per_tick, cfg, ep, echo, robot, network_section(before, during, echo))
+    node_stats = {name: _same_clock_stats(stats_summary(st)) for name, st in sorted(rec.node_stats.items())}
+    robot_sections(report, rec, prep, run, node_stats, console, cfg.out)
+    write_outputs(report, per_tick, rec, prep.log, cfg, console, partial(_plots, stages=stages), stages)
+    _say_network(report["network"], console)
+    return report
+
+
+def _bind(ctx: zmq.Context, ep: transport.Endpoints, n_joints: int, keys, endpoint: str) -> RobotSockets:
+    """The robot side's sockets (session.RobotSockets, CURVE with `keys`); OSError naming the port block when a
+    bind fails."""
+    try:
+        return RobotSockets.open(ctx, ep, n_joints, keys)
+    except zmq.ZMQError as e:
+        raise OSError(f"cannot bind the robot side's sockets ({e}): another run on ports PORT+2..PORT+5 of "
+                      f"{endpoint}?") from None
+
+
+def _round_trips_before(ctx: zmq.Context, echo: str, keys, cfg: HilConfig, console: Console) -> np.ndarray:
+    """cfg.rtt_before round trips to the runtime's `echo`, BEFORE_GAP_MS apart, after a warm-up: (k, 2) int64
+    (t_sent_ns, round_trip_ns or -1). Raises RuntimeError when the warm-up gets no answer."""
+    timeout_ns = int(cfg.rtt_timeout_ms * 1e6)
+    with console.status(f"timing {cfg.rtt_before} network round trips to {echo}"):
+        probe = roundtrip.connect(ctx, echo, keys)
+        if not roundtrip.warm_up(probe, timeout_ns):
+            raise RuntimeError(f"no echo from {echo} within {cfg.rtt_timeout_ms} ms: start the runtime with "
+                               f"--echo-endpoint (see the serve command above)")
+        before = roundtrip.round_trips(probe, cfg.rtt_before, int(BEFORE_GAP_MS * 1e6), timeout_ns)
+        probe.close(linger=0)
+    return before
+
+
+def _hil_sections(report: dict, rec, per_tick: dict, cfg: HilConfig, ep: transport.Endpoints, echo: str,
+                  robot: str, network: dict) -> dict[str, np.ndarray]:
+    """Put the "network", "stages_ms" (this host's clock only) and "hil" sections in `report`; the stages
+    (hil_stages), for the plots and run.mcap."""
+    report["network"] = network
     stages = hil_stages(rec, per_tick)
     report["stages_ms"] = {k: latency_summary_ms(v * 1e6) for k, v in stages.items()}
-    report["hil"] = hil_section(rec, cfg, ep, echo, robot, report["network"]["round_trip_ms"]["p50"])
-    report["node_stats"] = {name: _same_clock_stats(stats_summary(st)) for name, st in sorted(rec.node_stats.items())}
-    report["safety"] = safety_section(rec, log, limits, report["node_stats"])
-    report["limits"], report["policy_defaults"] = limits.section(), policy_defaults
-    report["harness"]["replayer_priority"] = None if rt_warning else cfg.replayer_priority
-    report["host"] = host | {"realtime": realtime}
-    if exit_code != 0:
-        say(console, f"control process exited with code {exit_code}; see {cfg.out / 'control.log'}", "red")
-    if rt_warning:
-        say(console, f"replayer: {rt_warning}", "yellow")
-    # the stages timed on this host's clock (the runtime's are not comparable), as in report.json
-    report["run_mcap"] = run_mcap_section(rec, log, report, per_tick | {"stages_ms": stages}, cfg, console)
-    write_report(report, cfg.out)
-    write_ticks(per_tick, cfg.out / "ticks.csv")
-    _plots(report, per_tick, stages, cfg.out)
-    print_table([report], console)
-    net = report["network"]["round_trip_ms"]
-    console.print(f"network round trip p50 {net['p50']:.3f} ms, p99 {net['p99']:.3f} ms, max {net['max']:.3f} ms "
-                  f"(n={report['network']['n']}, lost {report['network']['lost']})")
-    return report
+    report["hil"] = hil_section(rec, cfg, ep, echo, robot, network["round_trip_ms"]["p50"])
+    return stages
 
 
 def hil_nodes(cfg: HilConfig, ep: transport.Endpoints) -> list[NodeSpec]:
@@ -294,10 +249,14 @@ def hil_nodes(cfg: HilConfig, ep: transport.Endpoints) -> list[NodeSpec]:
     return [NodeSpec("control", (cfg.control, ep), "control", cfg.out / "control.log")]
 
 
-def _start_prober(echo: str, cfg: HilConfig, out: Path) -> subprocess.Popen:
+def _start_prober(run: RunSession, echo: str, cfg: HilConfig, out: Path) -> subprocess.Popen:
+    """The round-trip prober (sim/roundtrip.py) to `echo`, writing its samples to `out`; killed at the run's
+    teardown if it still runs then."""
     argv = [sys.executable, "-m", "edgeinfer.sim.roundtrip", echo, str(cfg.rtt_period_ms), str(cfg.rtt_timeout_ms),
             str(out), *([str(cfg.curve_dir)] if _speaks_curve(cfg) else [])]
-    return subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, start_new_session=True)
+    prober = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, start_new_session=True)
+    run.defer(prober.kill)  # a no-op once it has exited
+    return prober
 
 
 def _go(prober: subprocess.Popen, timeout_s: float = 30.0) -> None:
@@ -320,6 +279,12 @@ def _stop_prober(prober: subprocess.Popen, out: Path, timeout_s: float) -> np.nd
         prober.kill()
         prober.wait()
     return np.load(out, allow_pickle=False) if out.exists() else np.zeros((0, 2), dtype=np.int64)
+
+
+def _say_network(network: dict, console: Console) -> None:
+    net = network["round_trip_ms"]
+    console.print(f"network round trip p50 {net['p50']:.3f} ms, p99 {net['p99']:.3f} ms, max {net['max']:.3f} ms "
+                  f"(n={network['n']}, lost {network['lost']})")
 
 
 def _summary(rtt_ns: np.ndarray) -> dict:
@@ -394,7 +359,7 @@ def _same_clock_stats(summary: dict) -> dict:
     return {**summary, "latency_us": lat}
 
 
-def _plots(report: dict, per_tick: dict, stages: dict, out: Path) -> None:
+def _plots(report: dict, per_tick: dict, out: Path, stages: dict) -> None:
     title = f"{report.get('log')} (HIL, runtime at {report['hil']['endpoint']})"
     lat, deadline_ms = per_tick["latency_ms"], float(report["deadline_ms"])
     miss = np.asarray(per_tick["outcome"]) != "on_time"

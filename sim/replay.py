@@ -23,43 +23,32 @@ import os
 import select
 import time
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 
 import numpy as np
 import zmq
 from rich.console import Console
 
-from edgeinfer.core import clock, transport
+from edgeinfer.core import transport
 from edgeinfer.core.clock import SpinTail, now_ns
 from edgeinfer.core.extras import missing_line
-from edgeinfer.core.lifecycle import InterruptSignals
 from edgeinfer.core.progress import Progress, say
 from edgeinfer.core.telemetry import stats_summary
-from edgeinfer.core.wire import ActionChunk, JointCommand, Observation, Start, Stats, Stop, encode
+from edgeinfer.core.wire import ActionChunk, JointCommand, Observation, Start, Stats, encode
 from edgeinfer.engines.engine import unavailable_reason
-from edgeinfer.logs import read_log
-from edgeinfer.logs.arm_log import ArmLog, synthetic_log
-from edgeinfer.procs.nodes import NodeGroup
+from edgeinfer.logs.arm_log import ArmLog
 from edgeinfer.procs.spec import NodeSpec
-from edgeinfer.sim import stats
 from edgeinfer.sim.config import ReplayConfig
 from edgeinfer.sim.faults import FaultInjector
-from edgeinfer.sim.host import measure_host, sched_state
-from edgeinfer.sim.metrics import summarize, write_ticks
+from edgeinfer.sim.host import sched_state
+from edgeinfer.sim.metrics import summarize
 from edgeinfer.sim.pacing import delivery_report, scaled_period_ns, send_timing_report, should_skip
 from edgeinfer.sim.plots import write_plots
-from edgeinfer.sim.preflight import check_run_fits, log_defaults, policy_shape
 from edgeinfer.sim.received import Chunks, Commands
-from edgeinfer.sim.report import engine_choice_section, print_table, replay_progress, write_report
-from edgeinfer.sim.run_mcap import run_mcap_section, wall_offset_ns
-from edgeinfer.sim.schedule import extra_of, observation, previous_rows, replay_ticks
-from edgeinfer.sim.supervisor import (
-    Supervisor,
-    gap_report,
-    injected_section,
-    safety_section,
-    stall_report,
-)
+from edgeinfer.sim.report import engine_choice_section, replay_progress
+from edgeinfer.sim.run_mcap import wall_offset_ns
+from edgeinfer.sim.schedule import extra_of, observation, previous_rows
+from edgeinfer.sim.session import Prepared, RobotSockets, RunSession, prepare, robot_sections, write_outputs
+from edgeinfer.sim.supervisor import Supervisor, gap_report, injected_section, stall_report
 
 # chunk slots beyond one per replan (Recording.start): a restarted runtime plans on a new phase
 CHUNK_SLOTS_SPARE = 64
@@ -134,20 +123,6 @@ class Recording:
             self.rejected_chunks += 1
 
 
-def load_log(path: Path | None, fmt: str | None = None, **options) -> ArmLog:
-    """The log at `path` in any format sim.readers reads (fmt None: detected; options: the reader's, None
-    ignored), or the embedded synthetic log when path is None. Raises LogError naming file and record."""
-    if path is None:
-        return synthetic_log()
-    return read_log(path, fmt, **options)
-
-
-def first_seconds(log: ArmLog, duration_s: float) -> ArmLog:
-    """The rows of `log` recorded in its first `duration_s` seconds (t_s < t_s[0] + duration_s; at least one)."""
-    n = max(1, int(np.searchsorted(log.t_s, log.t_s[0] + duration_s, side="left")))
-    return log.rows(slice(0, n))
-
-
 def replay(cfg: ReplayConfig, console: Console | None = None) -> dict:
     """Run one replay end to end; writes report.json, ticks.csv, the plots.PLOT_FILES PNGs and run.mcap
     (sim/run_mcap.py) under cfg.out.
@@ -157,125 +132,83 @@ def replay(cfg: ReplayConfig, console: Console | None = None) -> dict:
     SIGTERM during the run stop it early with a report of what was sent (`interrupted: true`).
     """
     console = console or Console()
-    options, policy_defaults = log_defaults(cfg, console)  # reader options: cfg's, else the policy manifest's
-    log = load_log(cfg.log, cfg.log_format, **options)
-    if cfg.duration_s is not None:
-        log = first_seconds(log, cfg.duration_s)
-    policy = policy_shape(cfg.runtime, log)
-    scaled_ms = scaled_period_ns(log.period_ns, cfg.time_scale) / 1e6
-    deadline_ms = cfg.deadline_ms if cfg.deadline_ms is not None else scaled_ms
-    limits = check_run_fits(log, policy, cfg, deadline_ms)
-    cfg.control.limits = limits.limits  # resolved (control/limits.py): the control node gets every value
-    for warning in limits.warnings:
-        say(console, f"limits: {warning}", "yellow")
+    prep = prepare(cfg, console)
+    _say_before_start(cfg, prep, console)
+    ep = transport.Endpoints.free_loopback()
+    with RunSession() as run:
+        run.measure_host(prep.period_ns, cfg.host_baseline_s, cfg.control.control_cpus, cfg.replayer_priority)
+        # Children first, so that they do not inherit the replayer's real-time priority: the runtime is the
+        # system under test and runs as it would on the robot. ZMQ connects retry until the binds below exist.
+        procs = run.start(*replay_nodes(cfg, ep))  # runtime, control
+        # As fast as possible has no schedule to keep: at real-time priority its busy send loop would only starve
+        # the ZMQ I/O thread (which inherits the priority, on the control loop's CPU) that has to ship the rows.
+        run.realtime(cfg.control.control_cpus, 0 if cfg.as_fast_as_possible else cfg.replayer_priority)
+        socks = RobotSockets.open(run.ctx, ep, prep.log.n_joints, nodrop=True)  # a full queue is known, never silent
+        with Progress(f"starting runtime ({cfg.runtime.decode}) and control processes", console=console) as bar:
+            socks.handshake(cfg.handshake_timeout_s, check=lambda: (run.group.check_started(procs), bar.update()))
+        say(console, f"replaying {len(prep.log)} observations at {prep.log.rate_hz:.0f} Hz "
+                     f"(about {(int(prep.ticks[-1]) + 1) * prep.period_ns / 1e9 + cfg.pre_roll_ms / 1e3:.1f} s)")
+        # both nodes have opened (the control loop asks for its priority there): what each one got
+        run.sched |= {"control": sched_state(procs[1].pid, cfg.control.realtime_priority),
+                      "runtime": sched_state(procs[0].pid)}
+        with replay_progress(console, len(prep.log), f"replaying at {prep.log.rate_hz:.0f} Hz") as progress:
+            sup = Supervisor(socks.obs_pub, procs, cfg.kill_runtime_at_tick, cfg.restart_runtime_after_ms,
+                             lambda: run.group.start(replace(procs[0].spec, log=cfg.out / "runtime.restarted.log")),
+                             cfg.garbage_per_row, socks.status_rx, cfg.stall_runtime_at_tick, cfg.stall_runtime_ms,
+                             spawn_cpus=cfg.runtime.runtime_cpus)
+            run.defer(sup.release)  # never leave a stalled (SIGSTOPped) runtime behind
+            rec = replay_rows(prep, socks, cfg, sup.on_row, progress)
+            run.signals.ignore()  # a second Ctrl-C must not lose the report of the first
+            socks.stop(rec.interrupted)
+            sup.join()
+            exit_codes = run.group.finish(procs, poke=socks.repeat_stop)
+            drain(socks.cmd_rx, socks.chunk_rx, rec, socks.status_rx)
+    report, per_tick = _report(cfg, prep, rec, run, sup, exit_codes, console)
+    write_outputs(report, per_tick, rec, prep.log, cfg, console, write_plots if cfg.plots else None)
+    return report
+
+
+def _say_before_start(cfg: ReplayConfig, prep: Prepared, console: Console) -> None:
+    """Refuse a backend this host cannot run; say what the run changes or skips, and what the runtime does before
+    its first chunk (the wait for it is then explained); make cfg.out; assign the CPUs (cfg.pin_cpus)."""
     if cfg.runtime.byo_spec is None and (reason := unavailable_reason(cfg.runtime.backend, cfg.runtime.device)):
         raise RuntimeError(f"backend {cfg.runtime.backend!r} on {cfg.runtime.device}: {reason}")
-    stride = policy["stride_ticks"]
-    # a gap of hours between two sessions of an export replays as max_gap_s, not in hours (reported)
-    ticks, shortened = replay_ticks(log, cfg.max_gap_s)
-    if shortened["count"]:
-        say(console, f"log: {shortened['count']} gap(s) longer than --max-gap-s {cfg.max_gap_s:g} s replayed as "
-                     f"{cfg.max_gap_s:g} s ({shortened['ticks_removed'] * log.period_ns / 1e9:.1f} s of log time cut; "
-                     f"rows {shortened['rows']})", "yellow")
+    gaps = prep.shortened
+    if gaps["count"]:
+        say(console, f"log: {gaps['count']} gap(s) longer than --max-gap-s {cfg.max_gap_s:g} s replayed as "
+                     f"{cfg.max_gap_s:g} s ({gaps['ticks_removed'] * prep.log.period_ns / 1e9:.1f} s of log time cut; "
+                     f"rows {gaps['rows']})", "yellow")
     cfg.out.mkdir(parents=True, exist_ok=True)
     if cfg.run_mcap and (why := missing_line("logs", "run.mcap (--run-mcap false skips it)", ("mcap",))):
         say(console, why, "yellow")  # said before the run; the file is skipped after it
-    say(console, start_up_line(cfg.runtime))  # before the nodes start: the wait for the first chunk is explained
+    say(console, start_up_line(cfg.runtime))
     if cfg.pin_cpus:
         _assign_cpus(cfg)
-    ep = transport.Endpoints.free_loopback()
-    # before any node starts: none inherits the baseline's priority, none loads it
-    host = measure_host(scaled_period_ns(log.period_ns, cfg.time_scale), cfg.host_baseline_s,
-                        cfg.control.control_cpus, cfg.replayer_priority)
-    signals = InterruptSignals()
-    # Children first, so that they do not inherit the replayer's real-time priority: the runtime is the
-    # system under test and runs as it would on the robot. ZMQ connects retry until the binds below exist.
-    stats.preload()  # while the nodes start: the figures at the end of the run then need not wait for it
-    group = NodeGroup(grace_s=5.0)
-    procs = [group.start(spec) for spec in replay_nodes(cfg, ep)]  # runtime, control
-    # before the context: its I/O thread inherits both
-    original_cpus = sorted(os.sched_getaffinity(0))
-    # As fast as possible has no schedule to keep: at real-time priority its busy send loop would only starve
-    # the ZMQ I/O thread (which inherits the priority, on the control loop's CPU) that has to ship the rows.
-    priority = 0 if cfg.as_fast_as_possible else cfg.replayer_priority
-    rt_warning = clock.enter_realtime(cfg.control.control_cpus, priority)
-    realtime = {"replayer": sched_state(0, priority)}
-    ctx = zmq.Context()
-    sup = None
-    try:
-        obs_pub = transport.pub(ctx, ep.obs, bind=True, nodrop=True)  # a full queue is known, never silent
-        cmd_rx = transport.Receiver(transport.pull(ctx, ep.commands, bind=True, hwm=10_000), joints=log.n_joints)
-        ready_rx = transport.Receiver(transport.pull(ctx, ep.ready, bind=True))
-        chunk_rx = transport.Receiver(transport.sub(ctx, ep.chunks, hwm=10_000), joints=log.n_joints)
-        status_rx = transport.Receiver(transport.sub(ctx, ep.status, hwm=10_000))
-        with Progress(f"starting runtime ({cfg.runtime.decode}) and control processes", console=console) as bar:
-            def check() -> None:  # every poll of the handshake, on this (the main) thread: elapsed time
-                group.check_started(procs)
-                bar.update()
-            transport.wait_until_subscribed(obs_pub, "replayer", ready_rx, {"runtime", "control"},
-                                            cfg.handshake_timeout_s, check=check)
-            transport.wait_for_hello([chunk_rx], cfg.handshake_timeout_s)
-        say(console, f"replaying {len(log)} observations at {log.rate_hz:.0f} Hz "
-                     f"(about {(int(ticks[-1]) + 1) * scaled_ms / 1e3 + cfg.pre_roll_ms / 1e3:.1f} s)")
-        # both nodes have opened (the control loop asks for its priority there): what each one got
-        realtime |= {"control": sched_state(procs[1].pid, cfg.control.realtime_priority),
-                     "runtime": sched_state(procs[0].pid)}
-        with replay_progress(console, len(log), f"replaying at {log.rate_hz:.0f} Hz") as progress:
-            sup = Supervisor(obs_pub, procs, cfg.kill_runtime_at_tick, cfg.restart_runtime_after_ms,
-                             lambda: group.start(replace(procs[0].spec, log=cfg.out / "runtime.restarted.log")),
-                             cfg.garbage_per_row, status_rx, cfg.stall_runtime_at_tick, cfg.stall_runtime_ms,
-                             spawn_cpus=cfg.runtime.runtime_cpus)
-            rec = stream(log, ticks, stride, obs_pub, cmd_rx, chunk_rx, deadline_ms, cfg.settle_ms, sup.on_row,
-                          pacing=cfg, progress=progress, pre_roll_ms=cfg.pre_roll_ms,
-                          chunk_steps=policy["horizon"] + 1)
-            signals.ignore()  # a second Ctrl-C must not lose the report of the first
-            stop = Stop("interrupted" if rec.interrupted else "end of log")
-            transport.send(obs_pub, stop)
-            sup.join()
-            exit_codes = group.finish(procs, poke=lambda: transport.send(obs_pub, stop))
-            drain(cmd_rx, chunk_rx, rec, status_rx)
-    finally:
-        if sup is not None:  # never leave a stalled (SIGSTOPped) runtime behind
-            sup.release()
-        group.close()  # after an error: SIGTERM, then SIGKILL, whatever still runs
-        ctx.destroy(linger=0)
-        clock.leave_realtime()
-        clock.pin_to_cpus(original_cpus)
-        signals.restore()
-    report, per_tick = summarize(rec, log, cfg, deadline_ms, stride)
+
+
+def _report(cfg: ReplayConfig, prep: Prepared, rec: Recording, run: RunSession, sup: Supervisor,
+            exit_codes: dict, console: Console) -> tuple[dict, dict]:
+    """The report and per-tick arrays of a finished replay (sim.metrics.summarize, then the fault drills' effects,
+    the engine auto chose, the delivery of every observation, session.robot_sections)."""
+    report, per_tick = summarize(rec, prep.log, cfg, prep.deadline_ms, prep.stride)
     report["process_exit_codes"] = exit_codes
-    report["replayer"]["log_source"]["gaps_shortened"] = shortened
-    report["runtime_fault"] = gap_report(sup, per_tick["outcome"], rec.t_sched_ns, rec.period_ns, rec.commands)
-    n_rows = len(per_tick["outcome"])
-    report["runtime_stall"] = stall_report(sup, per_tick["outcome"], per_tick["rung"], rec.t_sched_ns[:n_rows],
-                                           rec.period_ns)
+    report["replayer"]["log_source"]["gaps_shortened"] = prep.shortened
+    outcome, n_rows = per_tick["outcome"], len(per_tick["outcome"])
+    report["runtime_fault"] = gap_report(sup, outcome, rec.t_sched_ns, rec.period_ns, rec.commands)
+    report["runtime_stall"] = stall_report(sup, outcome, per_tick["rung"], rec.t_sched_ns[:n_rows], rec.period_ns)
     report["injected"] = injected_section(cfg, report, sup)
-    report["node_stats"] = {name: stats_summary(st) for name, st in sorted(rec.node_stats.items())}
     report["engine_choice"] = engine_choice_section(report, rec.node_stats.get("runtime"))  # backend auto
-    report["safety"] = safety_section(rec, log, limits, report["node_stats"])
-    report["limits"], report["policy_defaults"] = limits.section(), policy_defaults
     if cfg.garbage_per_row:
         report["garbage_sent"] = sup.garbage_sent
-    report["harness"]["replayer_priority"] = None if rt_warning else priority
-    report["host"] = host | {"realtime": realtime}
     report["observations"] = delivery_report(rec)
-    for role, code in exit_codes.items():
-        if code != 0:
-            say(console, f"{role} process exited with code {code}; see {cfg.out / (role + '.log')}", "red")
-    if rt_warning:
-        say(console, f"replayer: {rt_warning}", "yellow")
-    report["run_mcap"] = run_mcap_section(rec, log, report, per_tick, cfg, console)  # after the run: not timed
-    write_report(report, cfg.out)
-    write_ticks(per_tick, cfg.out / "ticks.csv")
-    if cfg.plots:
-        write_plots(report, per_tick, cfg.out)
-    print_table([report], console)
-    return report
+    node_stats = {name: stats_summary(st) for name, st in sorted(rec.node_stats.items())}
+    robot_sections(report, rec, prep, run, node_stats, console, cfg.out)
+    return report, per_tick
 
 
 def start_up_line(runtime) -> str:
     """What the runtime does before the first chunk, said before the replay waits for it (RuntimeConfig). The
-    fused engine's first compile on a 2-core EPYC VM: 14.4 s idle (issue 32), 53 s at load 5 (other jobs)."""
+    fused engine's first compile on a 2-core EPYC VM: 14.4 s idle, 53 s at load 5 (other jobs)."""
     if runtime.null_policy:
         return "runtime: starting (null policy)"
     if runtime.byo_spec is not None:
@@ -380,6 +313,14 @@ def stream(log: ArmLog, ticks: np.ndarray, stride: int, obs_pub, cmd_rx, chunk_r
     rec.pacing = send_timing_report(rec.t_sched_ns, rec.t_sent_ns, rec.skipped, period, pacing.time_scale, afap,
                                     pacing.catch_up)
     return rec
+
+
+def replay_rows(prep: Prepared, socks: RobotSockets, cfg: ReplayConfig, on_row, progress) -> Recording:
+    """stream() the rows of a prepared run (session.prepare) on the replayer's sockets (session.RobotSockets), paced
+    by cfg (a ReplayConfig: hil's replay_config()), into a Recording with columns for the policy's chunks."""
+    return stream(prep.log, prep.ticks, prep.stride, socks.obs_pub, socks.cmd_rx, socks.chunk_rx, prep.deadline_ms,
+                  cfg.settle_ms, on_row, pacing=cfg, progress=progress, pre_roll_ms=cfg.pre_roll_ms,
+                  chunk_steps=prep.policy["horizon"] + 1)
 
 
 def _pre_roll(log: ArmLog, obs_pub, cmd_rx, chunk_rx, rec: Recording, tail: SpinTail) -> None:

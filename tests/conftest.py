@@ -8,6 +8,15 @@ from edgeinfer.core.transport import Endpoints
 SCHUNK = Path(__file__).resolve().parents[2] / "shared" / "data" / "schunk_lwa4p"
 
 
+@pytest.fixture(scope="session", autouse=True)
+def command_table():
+    """The command table registered with the layers below the command line, as `edgeinfer` (cli.main) does at
+    start-up: launch files, `replay --launch` and NodeSpec.task look their commands up there."""
+    from edgeinfer.cli import register_commands
+
+    register_commands()
+
+
 @pytest.fixture(scope="session")
 def schunk_dir() -> Path:
     """The real Schunk LWA 4P recordings (../shared/data); tests that need them skip without them."""

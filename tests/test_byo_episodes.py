@@ -1,4 +1,4 @@
-"""Bring-your-own policies at their edges (issue 30, item 7): a TorchScript model of another input width is refused
+"""Bring-your-own policies at their edges: a TorchScript model of another input width is refused
 at load with an error naming the spec's observation fields and both widths (nn.LSTM's own check raises
 torch.jit.Error, which is no RuntimeError), and a stateful policy starts a new episode when its observation source
 restarts (a new Start), through a real RuntimeNode on loopback sockets."""

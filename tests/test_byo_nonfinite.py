@@ -1,4 +1,4 @@
-"""A bring-your-own policy never stops the runtime on a non-finite step (issue 28, item 5): a finite float64
+"""A bring-your-own policy never stops the runtime on a non-finite step: a finite float64
 observation past float32's range (the model's input dtype), or a model that returns NaN, skips that step; the
 runtime node sends the continue rung for it (counted as error.nonfinite_action) and keeps serving. The real
 Isaac Lab UR10 reach policy (ONNX) through a real RuntimeNode on loopback sockets."""

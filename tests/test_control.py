@@ -161,7 +161,7 @@ def wired_loop():
     limits = SafetyLimits(q_min_rad=[-3.0, -3.0], q_max_rad=[3.0, 3.0], qd_max_rad_s=1000.0)
     loop = ControlLoop(ControlConfig(limits=limits), ep)
     loop.commands = push(ctx, ep.commands)
-    loop.runtime.alive = True  # as after the runtime's first Heartbeat
+    loop.runtime_lease.alive = True  # as after the runtime's first Heartbeat
     yield loop, rx
     ctx.destroy(linger=0)
 

@@ -201,7 +201,7 @@ def test_a_dead_runtime_is_declared_lost_within_two_periods(mode):
     (event,) = [e for e in status.of(ErrorEvent) if e.kind == "runtime_lost"]
     last_taken_in = T0 + 1001 * MS
     assert last_taken_in < event.t_ns <= last_taken_in + 2 * PERIOD  # the lease: within two periods
-    assert loop.runtime.lease_ns == 6 * MS  # 1.5 x the 4 ms between the ticks that took Heartbeats in
+    assert loop.runtime_lease.lease_ns == 6 * MS  # 1.5 x the 4 ms between the ticks that took Heartbeats in
     t_tick = np.array([T0 + c.seq * PERIOD for c in cmds])  # the time each command is for
     t_cmd = t_tick + PHASE  # the time it was made
     held = np.array([c.rung == "hold" for c in cmds])
@@ -226,7 +226,7 @@ def test_the_lease_follows_the_measured_link():
     loop, status, cmds, _ = run_loop(msgs, 500, on_runtime_lost="hold")
     st = loop.stats
     assert st.runtime_lost == 0 and st.holds == 0
-    assert loop.runtime.lease_ns == 7 * MS and st.runtime_lease_us == 7000 and st.runtime_gap_max_us == 8000
+    assert loop.runtime_lease.lease_ns == 7 * MS and st.runtime_lease_us == 7000 and st.runtime_gap_max_us == 8000
     assert sum(loop.telemetry.histograms["runtime_heartbeat_gap"]) > 400
 
 

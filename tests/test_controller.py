@@ -127,7 +127,7 @@ def loop():
     rx = Receiver(pull(ctx, ep.commands, bind=True))
     loop = ControlLoop(ControlConfig(limits=SafetyLimits(**LIMITS), blend_ms=0.0), ep)
     loop.commands = push(ctx, ep.commands)
-    loop.runtime.alive = True  # as after the runtime's first Heartbeat
+    loop.runtime_lease.alive = True  # as after the runtime's first Heartbeat
     yield loop, rx
     ctx.destroy(linger=0)
 

@@ -1,4 +1,4 @@
-"""Imperfect CSV exports (issue 30): records with empty joint cells (bad_rows) and multi-hour gaps under
+"""Imperfect CSV exports: records with empty joint cells (bad_rows) and multi-hour gaps under
 derive (gap_periods), in files written by pyarrow in tmp_path."""
 from __future__ import annotations
 
@@ -134,8 +134,8 @@ def test_integration_never_moves_across_a_gap(steps_s, speeds):
 
 @pytest.mark.slow
 def test_an_export_with_empty_cells_and_a_two_hour_gap_replays_in_seconds(tmp_path):
-    # the issue's UR3 case end to end, a new user's way: `edgeinfer replay --log export.csv --bad-rows fill`; a
-    # 2 h gap used to be waited out in real time, and the empty cells stopped the reader
+    # a UR3 export end to end, a new user's way: `edgeinfer replay --log export.csv --bad-rows fill`; the 2 h
+    # gap must not be waited out in real time, and the empty cells must not stop the reader
     from rich.console import Console
 
     from edgeinfer.sim.config import ReplayConfig

@@ -1,6 +1,6 @@
 """The shipped DCT policy (engines/weights/schunk_dct_target.*): greedy speculative decoding is token-identical to its
 target-only greedy decoding with every drafter (kinematic in DCT space, early-exit, learned), on real held-out
-observations; the drafters are picked by the tokenizer's kind; its manifest records what the issue asks."""
+observations; the drafters are picked by the tokenizer's kind; its manifest records its held-out quality."""
 import json
 
 import numpy as np
@@ -107,7 +107,7 @@ def test_manifests_record_the_step_policys_data_and_training(dct_policy):
     assert {k: draft["distill"][k] for k in ("seed", "steps", "batch_size", "lr")} == \
         {k: json.loads((DEFAULT_POLICY.parent / "schunk_draft.json").read_text())["distill"][k]
          for k in ("seed", "steps", "batch_size", "lr")}
-    # the issue asks for the full-chunk action RMSE within 10% of the step policy's (the shipped one: 7.3%), and
+    # the bar: the full-chunk action RMSE within 10% of the step policy's (the shipped one: 7.3%), and
     # well below constant velocity
     rmse, step_rmse = dct["metrics_held_out"]["action_rmse_rad"], step["metrics_held_out"]["action_rmse_rad"]
     assert rmse <= 1.10 * step_rmse

@@ -1,7 +1,7 @@
 """DCT action tokens (engines/dct_tokenizer.py): the departure from the constant-velocity chunk round-trips within
 half a bin per coefficient, every prefix decodes within the documented bound (filled by the least acceleration),
-coefficient-major order, state round trip (and the older tokens about rest), the increment required, dispatch by
-"kind"."""
+coefficient-major order, state round trip (a manifest whose tokens are about anything else refused), the increment
+required, dispatch by "kind"."""
 import json
 
 import numpy as np
@@ -12,7 +12,7 @@ from scipy.fft import dct
 
 from edgeinfer.engines.bins import fitted_range
 from edgeinfer.engines.dct_tokenizer import DctTokenizer, completion_gain, constant_velocity_rad, dct_rad
-from edgeinfer.engines.paths import DEFAULT_POLICY
+from edgeinfer.engines.paths import DCT_POLICY, DEFAULT_POLICY
 from edgeinfer.engines.tokenizer import ActionTokenizer, decode_chunk, encode_chunk, tokenizer_from_state
 
 H, D = 8, 3
@@ -58,10 +58,12 @@ def test_the_departure_needs_narrower_bins_than_the_offsets(fitted):
     step here."""
     tok, offsets, inc = fitted
     train, _ = smooth_offsets(np.random.default_rng(0), 5000)
-    rest = DctTokenizer(*fitted_range(dct_rad(train), 0.998), 64, about="rest")
-    assert np.all(rest.width_rad[:2] > 1.2 * tok.width_rad[:2])
-    first = lambda t, x: float(np.sqrt(np.mean((t.decode(t.encode(x, inc), inc) - x)[:, 0] ** 2)))  # noqa: E731
-    assert first(tok, offsets) < 0.3 * first(rest, offsets)
+    own = DctTokenizer(*fitted_range(dct_rad(train), 0.998), 64)  # bins over the offsets' own coefficients
+    assert np.all(own.width_rad[:2] > 1.2 * tok.width_rad[:2])
+    k, j = np.indices((H, D))
+    own_trip = dct(own.centers_rad(own.bin_of(dct_rad(offsets), k, j), k, j), type=3, norm="ortho", axis=1)
+    first = lambda x: float(np.sqrt(np.mean((x - offsets)[:, 0] ** 2)))  # noqa: E731
+    assert first(tok.decode(tok.encode(offsets, inc), inc)) < 0.3 * first(own_trip)
 
 
 def test_every_prefix_decodes_the_whole_horizon_within_the_bound(fitted):
@@ -121,22 +123,21 @@ def test_state_dict_round_trip_and_dispatch(fitted):
                                   step.decode(step.encode(offsets)))
 
 
-def test_a_manifest_from_before_the_departure_decodes_as_it_did():
-    """A "dct" entry without "about" holds the offsets' own coefficients: it encodes and decodes without an
-    increment, and with one fills a prefix around the constant-velocity chunk, as it always did."""
-    offsets, inc = smooth_offsets(np.random.default_rng(3), 500)
-    lo, hi = fitted_range(dct_rad(offsets), 0.998)
-    with pytest.warns(UserWarning, match="retrain it"):  # loaded, said so
-        old = tokenizer_from_state({"kind": "dct", "lo_rad": lo.tolist(), "hi_rad": hi.tolist(), "n_bins": 64})
-    assert old.about == "rest" and old.state_dict()["about"] == "rest"
-    tokens = old.encode(offsets)
-    np.testing.assert_allclose(dct(old.decode(tokens), type=2, norm="ortho", axis=1), old.coefficients(tokens),
-                               atol=1e-12)
-    np.testing.assert_allclose(old.decode(tokens, inc), old.decode(tokens), atol=1e-15)  # a full chunk: exact
-    prior = constant_velocity_rad(inc, H)
-    one = old.decode(tokens[:, :D], inc)
-    np.testing.assert_allclose(one, prior + completion_gain(H, 1) @ (old.coefficients(tokens[:, :D])[:, :1]
-                                                                     - dct_rad(prior)[:, :1]), atol=1e-12)
+def test_a_manifest_not_about_constant_velocity_is_refused_naming_the_field(tmp_path):
+    """Tokens of anything but the departure from constant velocity (no "about", or "rest") do not decode here:
+    loading the manifest fails with one ValueError naming the file, the field and what to do (retrain)."""
+    from edgeinfer.engines.policy import load_policy
+
+    manifest = json.loads(DCT_POLICY.read_text())
+    (tmp_path / manifest["weights"]).write_bytes((DCT_POLICY.parent / manifest["weights"]).read_bytes())
+    state = {k: v for k, v in manifest["tokenizer"].items() if k != "about"}
+    for entry, found in ((state, "is missing"), ({**state, "about": "rest"}, "is 'rest'")):
+        with pytest.raises(ValueError, match=f'field "about" {found}.*retrain the policy'):
+            tokenizer_from_state(entry)
+        path = tmp_path / "old_dct.json"
+        path.write_text(json.dumps({**manifest, "tokenizer": entry}))
+        with pytest.raises(ValueError, match=f'old_dct.json.*field "about" {found}.*edgeinfer train --tokenizer dct'):
+            load_policy(path)
 
 
 def test_a_step_manifest_without_kind_loads_as_step():
@@ -190,23 +191,20 @@ def test_bad_input_is_refused_naming_it(fitted):
         DctTokenizer(np.zeros((H, D)), np.zeros((H, D)))
     with pytest.raises(ValueError, match=r"\(H, D\)"):
         DctTokenizer(np.zeros(D), np.ones(D))
-    with pytest.raises(ValueError, match="about is 'velocity'"):
-        DctTokenizer(np.zeros((H, D)), np.ones((H, D)), about="velocity")
 
 
 @settings(max_examples=30, deadline=None)
-@given(st.integers(0, 2 ** 32 - 1), st.integers(1, H), st.sampled_from(["constant_velocity", "rest"]))
-def test_prefix_error_bound_holds_for_any_chunk_inside_the_ranges(seed, rows, about):
+@given(st.integers(0, 2 ** 32 - 1), st.integers(1, H))
+def test_prefix_error_bound_holds_for_any_chunk_inside_the_ranges(seed, rows):
     rng = np.random.default_rng(seed)
-    tok = DctTokenizer(-rng.uniform(0.01, 1, (H, D)), rng.uniform(0.01, 1, (H, D)), int(rng.integers(2, 300)), about)
+    tok = DctTokenizer(-rng.uniform(0.01, 1, (H, D)), rng.uniform(0.01, 1, (H, D)), int(rng.integers(2, 300)))
     inc = rng.normal(0, 0.2, (4, D))  # any increment
     told = np.asarray(dct(rng.uniform(tok.lo_rad, tok.hi_rad, (4, H, D)), type=3, norm="ortho", axis=1))
-    offsets = told + (constant_velocity_rad(inc, H) if about == "constant_velocity" else 0.0)
+    offsets = told + constant_velocity_rad(inc, H)
     tokens = tok.encode(offsets, inc)
     assert np.all((tokens >= 0) & (tokens < tok.n_bins))
-    for i in (None, inc) if about == "rest" else (inc,):
-        err_sq = ((tok.decode(tokens[:, :rows * D], i) - offsets) ** 2).sum(1)
-        assert np.all(err_sq <= tok.error_bound_sq(rows, offsets, i) + 1e-12)
+    err_sq = ((tok.decode(tokens[:, :rows * D], inc) - offsets) ** 2).sum(1)
+    assert np.all(err_sq <= tok.error_bound_sq(rows, offsets, inc) + 1e-12)
 
 
 def test_a_coarse_chunk_is_right_where_the_arm_acts(fitted):

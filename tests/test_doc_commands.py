@@ -1,4 +1,4 @@
-"""Every command block of README.md and docs/*.md runs as written on a fresh clone (issue 32): the cheap ones
+"""Every command block of README.md and docs/*.md runs as written on a fresh clone: the cheap ones
 here, the long ones by `python scripts/doc_commands.py --long` with their smallest documented options (not in
 CI: about 25 min), the rest listed with where they are checked instead."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue 32, a new user's first hour: optional extras checked before the work starts (one line naming the extra),
+"""A new user's first hour: optional extras checked before the work starts (one line naming the extra),
 hints printed whole through rich, progress of long work in a terminal and in a log, doc statements that match
 the code.
 
@@ -80,13 +80,13 @@ def test_require_names_the_extra_in_one_line(monkeypatch):
 @pytest.mark.slow
 def test_bench_spec_without_transformers_stops_at_once_naming_the_extra(tmp_path):
     t0 = time.monotonic()
-    # from the repository root, as the README runs it: with ../shared/data there, the old bench decoded for minutes
+    # from the repository root, as the README runs it: with ../shared/data there, decoding first takes minutes
     args = ["bench", "spec", "--per-run", "1", "--ks", "2", "--json", str(tmp_path / "spec.json")]
     res = run_edgeinfer(tmp_path, args, blocked=("transformers",), timeout_s=90, cwd=ROOT)
     took = time.monotonic() - t0
     assert res.returncode == 2, res.stderr[-2000:]
     lines = res.stderr.strip().splitlines()
-    assert lines == ["edgeinfer bench: error: bench spec's Hugging Face peer rows (--no-peer skips them) needs "
+    assert lines == ["edgeinfer bench spec: error: bench spec's Hugging Face peer rows (--no-peer skips them) needs "
                      "transformers, not installed: pip install 'edgeinfer[hf]'"]
     assert took < 60  # imports only: the old bench decoded for minutes first
     assert not (tmp_path / "spec.json").exists()

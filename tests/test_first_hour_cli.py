@@ -1,4 +1,4 @@
-"""Issue 32, a new user's first hour on the command line: errors that name the option (and suggest one for a
+"""A new user's first hour on the command line: errors that name the option (and suggest one for a
 typo), --help that starts with the options used most, --version, figures whole in 80-column tables, a restart
 drill whose table says whether it recovered, and an INVALID SLO that fails the command. Real `edgeinfer`
 processes, as a user runs them."""

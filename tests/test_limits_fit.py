@@ -1,4 +1,4 @@
-"""Limits fitted on one episode clamp the next out loud (issue 30 item 5): a replay whose log leaves the limits in
+"""Limits fitted on one episode clamp the next out loud: a replay whose log leaves the limits in
 use names those joints and counts the commands the limit gate clamped, in report.json's "safety" and on the
 console."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The trust model of policy folders (issue 28, item 15; engines/factory.py, engines/weights_io.py): a factory
+"""The trust model of policy folders (engines/factory.py, engines/weights_io.py): a factory
 manifest is code and runs only with the opt-in (RuntimeConfig.trust_policy_code, `--trust-policy-code`); its
 module stays inside the manifest's folder and is imported by file path (sys.path untouched); weights are capped,
 read once, and loaded from the bytes hashed. Each attack is refused by name."""

@@ -1,4 +1,4 @@
-"""Refusals that say what to do (issue 30, item 6): a log of another joint count or rate than the policy is refused
+"""Refusals that say what to do: a log of another joint count or rate than the policy is refused
 with the exact `edgeinfer train` command for that log (the --urdf hint only when the policy matches the log and the
 limits alone differ), and a position limit given one value asks for one per joint."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The replay report says what decode ran (issue 30, item 9): speculative decoding asked for, with most chunks
+"""The replay report says what decode ran: speculative decoding asked for, with most chunks
 drafting nothing (the adaptive planner turned speculation off, auto measured target-only as faster), is reported
 as target-only in report.json's "decode" and the console table, and an acceptance rate measured on the probes'
 few drafts is not shown as the run's."""
@@ -33,7 +33,7 @@ class _Stats:
 
 
 def test_speculation_that_turned_itself_off_is_reported_as_target_only():
-    report = _report("speculative", with_drafts=3, drafted=12, accepted=9)  # the issue's 0.750 from probes
+    report = _report("speculative", with_drafts=3, drafted=12, accepted=9)  # 0.750, measured on probes alone
     choice = engine_choice_section(report, _Stats())
     assert choice["chosen"] == "onnxruntime" and report["engine"] == "onnxruntime (auto) fp32 cpu"
     assert report["decode"] == ("speculative requested, ran target-only in 397 of 400 chunks (auto: target-only was "

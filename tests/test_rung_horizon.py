@@ -1,7 +1,7 @@
-"""Every rung covers at least the horizon of the rung below it (issue 30 item 10). A step chunk cut by its budget
-after 1-2 verified steps covered 20-40 ms, passed before a slow policy's chunk or a 25 Hz caller's next call used
-it, while a chunk with no verified step (draft) covered the whole horizon: a partial chunk is now completed as a
-draft is, its verified steps the target's own. The embedded Controller at 25 Hz on a real Schunk recording then
+"""Every rung covers at least the horizon of the rung below it. A step chunk cut by its budget after 1-2 verified
+steps would cover only 20-40 ms, past before a slow policy's chunk or a 25 Hz caller's next call uses it, while a
+chunk with no verified step (draft) covers the whole horizon: so a partial chunk is completed as a draft is, its
+verified steps the target's own. The embedded Controller at 25 Hz on a real Schunk recording then
 holds no more ticks than at 250 Hz."""
 import itertools
 import time

@@ -1,4 +1,4 @@
-"""Real `edgeinfer serve` (the null policy) and `edgeinfer control` processes at the boundary (issue 28): a Start with
+"""Real `edgeinfer serve` (the null policy) and `edgeinfer control` processes at the boundary: a Start with
 an absurd period is refused by name and the run goes on; the runtime's idle exit follows the control loop's
 Heartbeats, not the gaps of the log; a stream 300 ms late on this host is stale, never an offset. Structure and
 counts with bounds a 100 ms host stall cannot break, never speed."""

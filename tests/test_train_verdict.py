@@ -1,4 +1,4 @@
-"""`edgeinfer train` says when it learned nothing (issue 30 item 4): the held-out action error against holding
+"""`edgeinfer train` says when it learned nothing: the held-out action error against holding
 still and constant velocity with 95 % bootstrap intervals, a warning and the manifest's "heldout" verdict, and
 the metadata's episodes and frames against those found."""
 from __future__ import annotations

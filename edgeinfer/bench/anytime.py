@@ -8,7 +8,7 @@ held-out Schunk runs (measurement numbers n % 5 == 1, the split of both policies
               speedup over target-only, acceptance rate, tokens per target pass, exactness
     replays   each policy replayed through the real processes (edgeinfer/bench/anytime_replays.py) under cut
               scheduler budgets and with the engine slowed: misses, held ticks, rungs, commanded action RMSE
-    verdict   issue 20's "done when", computed: wherever the step policy sends partial chunks, the DCT policy
+    verdict   the bench's pass criterion, computed: wherever the step policy sends partial chunks, the DCT policy
               holds fewer ticks and commands a lower action RMSE; its full-chunk RMSE is within 10 % of the step's
 
 A prefix of n tokens decodes to the whole horizon H for DCT tokens (a departure from the constant-velocity chunk of
@@ -21,7 +21,6 @@ docs/anytime.md.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -175,7 +174,7 @@ def spec_section(policy, draft: Path, cfg: AnytimeConfig, console: Console) -> d
 
 
 def verdict(result: dict) -> dict:
-    """Issue 20's "done when", from the result's replays and curves: at every condition where the step policy
+    """The bench's pass criterion, from the result's replays and curves: at every condition where the step policy
     sent partial chunks, the DCT policy held fewer ticks (none, where the step policy held none either) and
     commanded a lower action RMSE (holds included); and the DCT policy's full-chunk greedy RMSE (an unlimited
     budget) is within FULL_RMSE_TOLERANCE of the step's."""
@@ -274,16 +273,18 @@ def run_anytime(cfg: AnytimeConfig, console: Console | None = None, command: lis
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`edgeinfer bench anytime`: parse AnytimeConfig options, run, print the tables; 0, or 1 when the verdict
-    fails."""
-    from edgeinfer.bench.anytime_report import print_result
-    from edgeinfer.core.config import add_options, build
+    """`edgeinfer bench anytime` as a program of its own: parse AnytimeConfig options, then run_command."""
+    from edgeinfer.bench.suite_cli import parse_suite
 
-    ap = argparse.ArgumentParser(prog="edgeinfer bench anytime", description=__doc__.split("\n\n")[0])
-    add_options(ap, AnytimeConfig)
-    cfg = build(AnytimeConfig, ap.parse_args(argv))
+    return run_command(*parse_suite("anytime", AnytimeConfig, argv, __doc__.split("\n\n")[0]))
+
+
+def run_command(cfg: AnytimeConfig, command: list[str]) -> int:
+    """`edgeinfer bench anytime`: run, print the tables; 0, or 1 when the verdict fails. command: the command line
+    as typed, recorded in the result. Raises ValueError for a --json that cannot be written (before the run)."""
+    from edgeinfer.bench.anytime_report import print_result
+
     check_output(cfg.json)
-    argv = sys.argv[1:] if argv is None else ["bench", "anytime", *argv]
-    result = run_anytime(cfg, Console(stderr=True), command=["edgeinfer", *argv])
+    result = run_anytime(cfg, Console(stderr=True), command=command)
     print_result(result, Console(width=max(Console().width, 150)))
     return 0 if result["verdict"]["passed"] else 1

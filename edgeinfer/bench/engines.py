@@ -23,7 +23,6 @@ for the device. Imports no zmq (the GPU machines have no pyzmq).
 """
 from __future__ import annotations
 
-import argparse
 import importlib.metadata
 import json
 import os
@@ -31,7 +30,9 @@ import platform
 import sys
 import time
 import traceback
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 from rich.console import Console
@@ -396,73 +397,92 @@ def headline(rows: list[dict]) -> list[str]:
     return lines or ["no torch fp8 row measured"]
 
 
+@dataclass
+class EnginesBenchConfig:
+    """`edgeinfer bench engines`: the engine rows (backends x precisions on one device) and the ultrafast rows."""
+
+    device: str = "cpu"  # the engines' device: cpu or cuda[:i]
+    # The backends of the engine rows (packed runs on 1 and 2 threads).
+    backends: tuple[str, ...] = ("torch", "onnxruntime", "fused", "packed")
+    # The precisions of the engine rows; each backend runs those it builds (int8 on onnxruntime, bf16 and fp8 on
+    # torch).
+    precisions: tuple[str, ...] = PRECISIONS
+    cuda_graphs: Literal["both", "on", "off"] = "both"  # torch rows on CUDA: with graphs, without, or both
+    n_obs: int = 100  # held-out observations for chunks and parity
+    n_iters: int = 200  # timed passes per per-token and verify-k figure
+    threads: int = 1  # CPU threads per engine (1, as the runtime)
+    data_dir: Path | None = None  # Schunk data (None: $EDGEINFER_DATA_DIR or ../shared/data)
+    json: Path | None = None  # write the results here
+    compile: bool = False  # torch rows: single-token passes via torch.compile
+    # Policy manifests, repeatable (None: the shipped target, plus engines/weights/schunk_large_target.json when
+    # shipped); the engine rows measure the first.
+    policy: list[Path] | None = None
+    # The engine rows, the ultrafast rows (each layer of the stack vs torch eager), or both.
+    rows: Literal["all", "engines", "ultrafast"] = "all"
+    ultrafast_n_obs: int = 50  # held-out observations per ultrafast row (50: both policies in a few minutes)
+    summary: list[Path] | None = None  # print these saved results (merged) and exit
+
+    def __post_init__(self):
+        from edgeinfer.engines.engine import BACKENDS
+
+        if min(self.n_obs, self.n_iters, self.threads, self.ultrafast_n_obs) < 1:
+            raise ValueError("--n-obs, --n-iters, --threads and --ultrafast-n-obs must be >= 1")
+        for name, given, known in (("backends", self.backends, BACKENDS), ("precisions", self.precisions,
+                                                                             PRECISIONS)):
+            if not given or set(given) - set(known):
+                raise ValueError(f"--{name}: unknown {sorted(set(given) - set(known)) or 'none given'}; known: "
+                                 f"{sorted(known)}")
+        if missing := [str(p) for p in self.policy or () if not Path(p).is_file()]:
+            raise ValueError(f"--policy: no such manifest: {', '.join(missing)}")
+
+
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="edgeinfer bench engines", description=__doc__.split("\n")[0])
-    ap.add_argument("--device", default="cpu", help="cpu or cuda[:i] (default cpu)")
-    ap.add_argument("--backends", default="torch,onnxruntime,fused,packed",
-                    help="engine rows: comma separated (default torch,onnxruntime,fused,packed; packed runs on 1 and 2 "
-                         "threads)")
-    ap.add_argument("--precisions", default=",".join(PRECISIONS),
-                    help=f"engine rows: comma separated (default {','.join(PRECISIONS)}; each backend runs those it "
-                         "builds: int8 on onnxruntime, bf16 and fp8 on torch)")
-    ap.add_argument("--cuda-graphs", choices=("both", "on", "off"), default="both",
-                    help="torch rows on CUDA: with graphs, without, or both (default both)")
-    ap.add_argument("--n-obs", type=int, default=100, help="held-out observations for chunks and parity")
-    ap.add_argument("--n-iters", type=int, default=200, help="timed passes per per-token and verify-k figure")
-    ap.add_argument("--threads", type=int, default=1, help="CPU threads per engine (default 1, as the runtime)")
-    ap.add_argument("--data-dir", default=None, help="Schunk data (default $EDGEINFER_DATA_DIR or ../shared/data)")
-    ap.add_argument("--json", default=None, help="write the results here")
-    ap.add_argument("--compile", action="store_true", help="torch rows: single-token passes via torch.compile")
-    ap.add_argument("--policy", action="append", default=None, metavar="MANIFEST",
-                    help="a policy's manifest JSON, repeatable (default: the shipped target, plus "
-                         "engines/weights/schunk_large_target.json when shipped); engine rows measure the first")
-    ap.add_argument("--rows", choices=("all", "engines", "ultrafast"), default="all",
-                    help="the engine rows, the ultrafast rows (each layer of the stack vs torch eager), or both")
-    ap.add_argument("--ultrafast-n-obs", type=int, default=50,
-                    help="held-out observations per ultrafast row (default 50: both policies in a few minutes)")
-    ap.add_argument("--summary", nargs="+", metavar="JSON", help="print saved results (merged) and exit")
-    args = ap.parse_args(argv)
+    """`edgeinfer bench engines` as a program of its own: parse EnginesBenchConfig options, then run_command."""
+    from edgeinfer.bench.suite_cli import parse_suite
+
+    return run_command(parse_suite("engines", EnginesBenchConfig, argv, __doc__.split("\n")[0])[0])
+
+
+def run_command(cfg: EnginesBenchConfig) -> int:
+    """`edgeinfer bench engines`: the engine rows, then the ultrafast rows (--rows), printed and saved to --json
+    after each row; or, with --summary, saved results printed again. 0."""
     from edgeinfer.bench.ultrafast import UltrafastConfig, bench_ultrafast, default_policies, print_ultrafast
 
-    if args.summary:
-        results = [json.loads(Path(p).read_text()) for p in args.summary]
-        merged = {**results[0], "rows": [r for res in results for r in res["rows"]]}
-        if merged["rows"]:
-            print_table(merged, "engine bench: " + ", ".join(args.summary))
-            print("\n".join(headline(merged["rows"])))
-        for res in results:  # ratios hold within one run only: never merged
-            if res.get("ultrafast"):
-                print_ultrafast(res["ultrafast"])
-        return 0
-    if min(args.n_obs, args.n_iters, args.threads, args.ultrafast_n_obs) < 1:
-        ap.error("--n-obs, --n-iters, --threads and --ultrafast-n-obs must be >= 1")
-    split = lambda s: tuple(x.strip() for x in s.split(",") if x.strip())  # noqa: E731
-    from edgeinfer.engines.engine import BACKENDS
-
-    for name, given, known in (("backends", split(args.backends), BACKENDS), ("precisions", split(args.precisions),
-                                                                              PRECISIONS)):
-        if not given or set(given) - set(known):
-            ap.error(f"--{name}: unknown {sorted(set(given) - set(known)) or 'none given'}; known: {sorted(known)}")
-    policies = [Path(p) for p in args.policy] if args.policy else default_policies()
-    if missing := [str(p) for p in policies if not p.is_file()]:
-        ap.error(f"--policy: no such manifest: {', '.join(missing)}")
+    if cfg.summary:
+        return _print_summary(cfg.summary)
+    policies = list(cfg.policy) if cfg.policy else default_policies()
     result = {"machine": machine_info(), "rows": []}
-    if args.rows != "ultrafast":
-        result = bench_engines(load_policy(policies[0]), backends=split(args.backends),
-                               precisions=split(args.precisions), device=args.device, n_obs=args.n_obs,
-                               json_out=args.json, n_iters=args.n_iters, threads=args.threads,
-                               cuda_graphs=args.cuda_graphs, data_dir=args.data_dir, compile=args.compile)
-        print_table(result, f"engine bench on {args.device}")
+    if cfg.rows != "ultrafast":
+        result = bench_engines(load_policy(policies[0]), backends=cfg.backends, precisions=cfg.precisions,
+                               device=cfg.device, n_obs=cfg.n_obs, json_out=cfg.json, n_iters=cfg.n_iters,
+                               threads=cfg.threads, cuda_graphs=cfg.cuda_graphs, data_dir=cfg.data_dir,
+                               compile=cfg.compile)
+        print_table(result, f"engine bench on {cfg.device}")
         print("\n".join(headline(result["rows"])))
-    if args.rows != "engines":
+    if cfg.rows != "engines":
         def save(section: dict) -> None:  # after every row, with the engine rows already measured
             result["ultrafast"] = section
-            _save(result, args.json)
+            _save(result, cfg.json)
 
-        cfg = UltrafastConfig(device=args.device, n_obs=args.ultrafast_n_obs, threads=args.threads)
-        print_ultrafast(bench_ultrafast(policies, cfg, args.data_dir, save))
+        uf = UltrafastConfig(device=cfg.device, n_obs=cfg.ultrafast_n_obs, threads=cfg.threads)
+        print_ultrafast(bench_ultrafast(policies, uf, cfg.data_dir, save))
     return 0
 
+
+def _print_summary(paths: list[Path]) -> int:
+    """Print saved results: the engine rows merged, each run's ultrafast rows on their own (their ratios hold
+    within one run only). 0."""
+    from edgeinfer.bench.ultrafast import print_ultrafast
+
+    results = [json.loads(Path(p).read_text()) for p in paths]
+    merged = {**results[0], "rows": [r for res in results for r in res["rows"]]}
+    if merged["rows"]:
+        print_table(merged, "engine bench: " + ", ".join(map(str, paths)))
+        print("\n".join(headline(merged["rows"])))
+    for res in results:
+        if res.get("ultrafast"):
+            print_ultrafast(res["ultrafast"])
+    return 0
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -1,4 +1,4 @@
-"""`edgeinfer bench fleet`: how many robots one machine serves, five ways of serving them (issue 19's Measure).
+"""`edgeinfer bench fleet`: how many robots one machine serves, five ways of serving them.
 
     a  one runtime process per robot         N `edgeinfer fleet` processes, one robot each, no batching
     b  one runtime, robots one after another  one process, no batching, arrival order, no admission
@@ -41,7 +41,7 @@ PHASES = ("sync", "staggered")
 POINT_OVERHEAD_S = 9.0  # start-up and teardown of a point beside its replay (measured on the 2-core VM, loaded)
 # start-up of each runtime process where every robot has its own (configuration a): a's 32-robot points took
 # 69 s (6 s replays) on the quiet 2-core EPYC VM, 1.7 s a process beside the overhead; under load, one point took
-# 132 s (issue 32)
+# 132 s
 PROCESS_START_S = 2.0
 # A point starts once the CPUs were at most QUIET_BUSY_PCT busy for QUIET_SECONDS seconds in a row (psutil), so that
 # the point before it (up to 32 runtime processes and their robots) has left the cores: on the 2-core VM the
@@ -204,13 +204,21 @@ def _machine() -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`edgeinfer bench fleet`: parse FleetBenchConfig options, run, print the table; 0, or 130 when interrupted."""
-    from edgeinfer.bench.fleet_report import print_result
+    """`edgeinfer bench fleet` as a program of its own: parse FleetBenchConfig options, then run_command."""
     from edgeinfer.bench.suite_cli import parse_suite
 
     configs = "; ".join(f"{k}: {c.label}" for k, c in CONFIGURATIONS.items())
-    cfg, command = parse_suite("fleet", f"{__doc__.split(chr(10) * 2)[0]} Configurations (--configs): {configs} "
-                               "(docs/fleet.md#the-fleet-bench).", FleetBenchConfig, argv)
+    return run_command(*parse_suite("fleet", FleetBenchConfig, argv, f"{__doc__.split(chr(10) * 2)[0]} "
+                                    f"Configurations (--configs): {configs} (docs/fleet.md#the-fleet-bench)."))
+
+
+def run_command(cfg: FleetBenchConfig, command: list[str]) -> int:
+    """`edgeinfer bench fleet`: run, print the table; 0, or 130 when interrupted. command: the command line as
+    typed, recorded in the result. Raises ValueError for a --json that cannot be written (before the run)."""
+    from edgeinfer.bench.fleet_report import print_result
+    from edgeinfer.bench.report import check_output
+
+    check_output(cfg.json)
     result = run_fleet(cfg, Console(stderr=True), command=command)
     print_result(result, Console(width=max(Console().width, 150)))
     return 130 if result["interrupted"] else 0

@@ -10,7 +10,7 @@ last step) until a point breaks, then one more step, and stops. A point is a dic
     control_miss_worst the highest steady-state control-miss rate of a served robot (None: as above)
 
 It *passes* when it serves a robot and every served robot keeps the bar: attainment >= ATTAINMENT_BAR and
-steady-state control misses <= MISS_BAR (the issue's headline bar, per robot: a served robot is served at the bar).
+steady-state control misses <= MISS_BAR (the fleet's headline bar, per robot: a served robot is served at the bar).
 It *breaks* when it does not pass, or when the runtime refused a robot (the fleet is full: more robots can only be
 refused). The headline of a ladder is the most robots served at a passing point.
 """
@@ -73,5 +73,5 @@ def headline(points: list[dict], max_robots: int) -> dict:
 
 
 def ratio(top: dict, base: dict) -> float | None:
-    """top's robots served over base's (the issue's (d)/(a)), from two headlines; None when base serves none."""
+    """top's robots served over base's (e.g. d / a), from two headlines; None when base serves none."""
     return top["robots_served"] / base["robots_served"] if base["robots_served"] else None

@@ -26,11 +26,11 @@ measured 0.91-1.05x itself per held-out run with one.
 """
 from __future__ import annotations
 
-import argparse
 import copy
 import json
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -310,60 +310,61 @@ def print_table(result: dict, console: Console | None = None) -> None:
                       f"runs {min(same.values()):.2f}-{max(same.values()):.2f}x")
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="edgeinfer bench spec", description=__doc__.split("\n")[0])
-    ap.add_argument("--json", type=Path, default=None, help="write the rows here")
-    ap.add_argument("--data-dir", type=Path, default=None,
-                    help="Schunk runs (default $EDGEINFER_DATA_DIR or ../shared/data/schunk_lwa4p)")
-    ap.add_argument("--per-run", type=int, default=12, help="consecutive chunks per held-out run (20 runs)")
-    ap.add_argument("--backend", default="torch,packed",
-                    help="target engine backends, comma separated, each a full set of rows (default torch,packed: the "
-                         "reference and the engine backend auto picks on a CPU; packed is skipped where numba is not)")
-    ap.add_argument("--drafters", default=None, help="comma separated (default: every registered drafter)")
-    ap.add_argument("--ks", default=None, help="comma separated speculation lengths of the fixed-k rows "
-                                               f"(default {','.join(map(str, KS))}); the adaptive rows choose "
-                                               "up to the largest")
-    ap.add_argument("--repeats", type=int, default=3,
-                    help="time each decode this many times and keep the fastest (default 3; 1 is 3x quicker)")
-    ap.add_argument("--no-peer", action="store_true", help="skip the Hugging Face assisted-generation peer")
-    ap.add_argument("--no-stress", action="store_true",
-                    help="skip the stress rows (adaptive with a slow, a useless and a collapsing drafter)")
-    ap.add_argument("--slow-drafter-ms", type=float, default=12.0,
-                    help="the slow stress drafter's extra cost per proposal, ms (default 12)")
-    args = ap.parse_args(argv)
-    if args.per_run < 1:
-        ap.error(f"--per-run must be >= 1, got {args.per_run}")
-    if args.repeats < 1:
-        ap.error(f"--repeats must be >= 1, got {args.repeats}")
-    if not args.slow_drafter_ms > 0:
-        ap.error(f"--slow-drafter-ms must be > 0, got {args.slow_drafter_ms}")
-    drafters = tuple(args.drafters.split(",")) if args.drafters is not None else None
-    if drafters is not None and not all(drafters):
-        ap.error(f"--drafters must name drafters, comma separated, got {args.drafters!r}")
-    try:
-        ks = tuple(int(k) for k in args.ks.split(",")) if args.ks is not None else KS
-    except ValueError:
-        ap.error(f"--ks must be comma separated integers, got {args.ks!r}")
-    if min(ks) < 1:
-        ap.error(f"--ks must all be >= 1, got {args.ks!r}")
-    check_output(args.json)
-    from edgeinfer.engines.engine import BACKENDS, unavailable_reason
+@dataclass
+class SpecBenchConfig:
+    """`edgeinfer bench spec`: which held-out chunks, targets, drafters and speculation lengths."""
 
-    backends = [b.strip() for b in args.backend.split(",") if b.strip()]
-    if not backends or set(backends) - set(BACKENDS):
-        unknown = sorted(set(backends) - set(BACKENDS)) or "none given"
-        ap.error(f"--backend: unknown {unknown}; known: {sorted(BACKENDS)}")
+    json: Path | None = None  # write the rows here
+    data_dir: Path | None = None  # Schunk runs (None: $EDGEINFER_DATA_DIR or ../shared/data/schunk_lwa4p)
+    per_run: int = 12  # consecutive chunks per held-out run (20 runs)
+    # Target engine backends, each a full set of rows (torch: the reference; packed: the engine backend auto picks
+    # on a CPU, skipped where numba is not).
+    backend: tuple[str, ...] = ("torch", "packed")
+    drafters: tuple[str, ...] | None = None  # the drafters of the rows (None: every registered drafter)
+    ks: tuple[int, ...] = KS  # speculation lengths of the fixed-k rows; the adaptive rows choose up to the largest
+    repeats: int = 3  # time each decode this many times and keep the fastest (1 is 3x quicker)
+    no_peer: bool = False  # skip the Hugging Face assisted-generation peer
+    no_stress: bool = False  # skip the stress rows (adaptive with a slow, a useless and a collapsing drafter)
+    slow_drafter_ms: float = 12.0  # the slow stress drafter's extra cost per proposal, ms
+
+    def __post_init__(self):
+        from edgeinfer.engines.engine import BACKENDS
+
+        if self.per_run < 1 or self.repeats < 1:
+            raise ValueError(f"SpecBenchConfig.per_run and repeats must be >= 1, got {self.per_run}, {self.repeats}")
+        if not self.slow_drafter_ms > 0:
+            raise ValueError(f"SpecBenchConfig.slow_drafter_ms must be > 0, got {self.slow_drafter_ms}")
+        if not self.ks or min(self.ks) < 1:
+            raise ValueError(f"SpecBenchConfig.ks must all be >= 1, got {self.ks}")
+        if not self.backend or set(self.backend) - set(BACKENDS):
+            unknown = sorted(set(self.backend) - set(BACKENDS)) or "none given"
+            raise ValueError(f"SpecBenchConfig.backend: unknown {unknown}; known: {sorted(BACKENDS)}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`edgeinfer bench spec` as a program of its own: parse SpecBenchConfig options, then run_command."""
+    from edgeinfer.bench.suite_cli import parse_suite
+
+    return run_command(parse_suite("spec", SpecBenchConfig, argv, __doc__.split("\n")[0])[0])
+
+
+def run_command(cfg: SpecBenchConfig) -> int:
+    """`edgeinfer bench spec`: every row set on each --backend, printed (and written to --json after each); 0.
+    Raises ValueError for a --json that cannot be written (before the run)."""
+    from edgeinfer.engines.engine import unavailable_reason
+
+    check_output(cfg.json)
     rows = []
-    for i, backend in enumerate(backends):
+    for i, backend in enumerate(cfg.backend):
         if backend == "packed" and unavailable_reason(backend) is not None:
             print(f"bench spec: skipping packed: {unavailable_reason(backend)}", file=sys.stderr)
             continue
-        result = bench_spec(data_dir=args.data_dir, per_run=args.per_run, drafters=drafters, ks=ks, backend=backend,
-                            peer=not args.no_peer and i == 0, repeats=args.repeats, stress=not args.no_stress,
-                            slow_ms=args.slow_drafter_ms)  # the peer once: it runs its own models
+        result = bench_spec(data_dir=cfg.data_dir, per_run=cfg.per_run, drafters=cfg.drafters, ks=cfg.ks,
+                            backend=backend, peer=not cfg.no_peer and i == 0, repeats=cfg.repeats,
+                            stress=not cfg.no_stress, slow_ms=cfg.slow_drafter_ms)  # the peer once: its own models
         print_table(result)
         rows += [{**r, "backend": backend} for r in result["rows"]]
-        if args.json:
-            args.json.parent.mkdir(parents=True, exist_ok=True)
-            args.json.write_text(json.dumps(rows, indent=2) + "\n")  # one entry per row, after each backend
+        if cfg.json:
+            cfg.json.parent.mkdir(parents=True, exist_ok=True)
+            cfg.json.write_text(json.dumps(rows, indent=2) + "\n")  # one entry per row, after each backend
     return 0

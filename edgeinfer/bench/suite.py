@@ -300,23 +300,26 @@ def _figures(decode: dict, e2e: dict, floors: list[dict], sc: Scenarios) -> list
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`edgeinfer bench` without a suite: parse BenchConfig options, run (or load) and print; 0, or 1 when
-    --compare finds a regression."""
-    import argparse
+    """`edgeinfer bench` as a program of its own: parse BenchConfig options (core.config.parse), then
+    run_command."""
+    from edgeinfer.core.config import parse
 
+    cfg = parse(BenchConfig, argv, prog="edgeinfer bench", description=__doc__.split("\n\n")[0])
+    return run_command(cfg, ["edgeinfer", *(sys.argv[1:] if argv is None else ["bench", *argv])])
+
+
+def run_command(cfg: BenchConfig, command: list[str]) -> int:
+    """`edgeinfer bench` without a suite: run (or load) and print; 0, or 1 when --compare finds a regression.
+    command: the command line as typed, recorded in the result. Raises ValueError for a --json that cannot be
+    written (before the run)."""
     from edgeinfer.bench.report import check_output, print_compare, print_result
-    from edgeinfer.core.config import add_options, build
 
-    ap = argparse.ArgumentParser(prog="edgeinfer bench", description=__doc__.split("\n\n")[0])
-    add_options(ap, BenchConfig)
-    cfg = build(BenchConfig, ap.parse_args(argv))
     check_output(cfg.json)
     console = Console(width=max(Console().width, 150))  # never squeeze the table's columns
     if cfg.current is not None:
         result = json.loads(Path(cfg.current).read_text())
     else:
-        argv = sys.argv[1:] if argv is None else ["bench", *argv]
-        result = run_bench(cfg, console=Console(stderr=True), command=["edgeinfer", *argv])
+        result = run_bench(cfg, console=Console(stderr=True), command=command)
         print_result(result, console)
         if cfg.json:
             console.print(f"wrote {cfg.json}")

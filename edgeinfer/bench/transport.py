@@ -21,12 +21,12 @@ trips: what a receiver that sleeps pays.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -222,25 +222,39 @@ def run(n: int = 2000, n_idle: int = 100, idle_gap_ms: float = 100.0, log_path: 
     return rows
 
 
+@dataclass
+class TransportBenchConfig:
+    """`edgeinfer bench transport`: how many round trips each scenario times, and where the rows go."""
+
+    n: int = 2000  # round trips back to back
+    n_idle: int = 100  # round trips with an idle gap before each
+    idle_gap_ms: float = 100.0  # the idle gap before each round trip of the idle scenario, ms
+    n_periodic: int = 1000  # round trips of the periodic stream
+    rate_hz: float = 250.0  # rate of the periodic stream, Hz
+    # The runtime's spin window around a due observation, us (None: RuntimeConfig's; 0: off).
+    obs_spin_us: float | None = None
+    json: Path | None = None  # also write the rows here
+
+    def __post_init__(self):
+        if (self.n < 10 or self.n_idle < 10 or self.n_periodic < 10 or not 0 < self.idle_gap_ms <= 10_000
+                or not 1 <= self.rate_hz <= 2000):
+            raise ValueError("need --n >= 10, --n-idle >= 10, --n-periodic >= 10, 0 < --idle-gap-ms <= 10000, "
+                             "1 <= --rate-hz <= 2000")
+
+
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="edgeinfer bench transport", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--n", type=int, default=2000, help="round trips back to back (default 2000)")
-    ap.add_argument("--n-idle", type=int, default=100, help="round trips with an idle gap (default 100)")
-    ap.add_argument("--idle-gap-ms", type=float, default=100.0, help="the idle gap (default 100 ms)")
-    ap.add_argument("--n-periodic", type=int, default=1000, help="round trips of the periodic stream (default 1000)")
-    ap.add_argument("--rate-hz", type=float, default=250.0, help="rate of the periodic stream (default 250 Hz)")
-    ap.add_argument("--obs-spin-us", type=float, default=None,
-                    help="the runtime's spin window around a due observation (default: RuntimeConfig's; 0: off)")
-    ap.add_argument("--json", type=Path, default=None, help="also write the rows here")
-    args = ap.parse_args(argv)
-    if (args.n < 10 or args.n_idle < 10 or args.n_periodic < 10 or not 0 < args.idle_gap_ms <= 10_000
-            or not 1 <= args.rate_hz <= 2000):
-        ap.error("need --n >= 10, --n-idle >= 10, --n-periodic >= 10, 0 < --idle-gap-ms <= 10000, "
-                 "1 <= --rate-hz <= 2000")
-    check_output(args.json)
-    rows = run(args.n, args.n_idle, args.idle_gap_ms, n_periodic=args.n_periodic, rate_hz=args.rate_hz,
-               obs_spin_us=args.obs_spin_us)
+    """`edgeinfer bench transport` as a program of its own: parse TransportBenchConfig options, then run_command."""
+    from edgeinfer.bench.suite_cli import parse_suite
+
+    return run_command(parse_suite("transport", TransportBenchConfig, argv, __doc__.split("\n\n")[0])[0])
+
+
+def run_command(cfg: TransportBenchConfig) -> int:
+    """`edgeinfer bench transport`: run every scenario, print the rows (and write them to --json); 0. Raises
+    ValueError for a --json that cannot be written (before the run)."""
+    check_output(cfg.json)
+    rows = run(cfg.n, cfg.n_idle, cfg.idle_gap_ms, n_periodic=cfg.n_periodic, rate_hz=cfg.rate_hz,
+               obs_spin_us=cfg.obs_spin_us)
     print(f"observation -> chunk round trip, {payload_bytes()} B payload, loopback TCP, two processes (us)")
     print(f"{'scenario':<16} {'n':>6} {'edgeinfer p50':>14} {'p99':>8} {'raw REQ/REP p50':>16} {'p99':>8} "
           f"{'x p50':>6} {'x p99':>6} {'raw PUB/SUB p50':>16} {'p99':>8} {'+ min. codec p50':>17} {'p99':>8}")
@@ -258,8 +272,8 @@ def main(argv: list[str] | None = None) -> int:
           "for a stream that is not there")
     if lost := sum(r["edgeinfer_lost"] for r in rows):
         print(f"{lost} observation(s) got no chunk within 2 s: counted lost, not timed (edgeinfer_lost)")
-    if args.json:
-        args.json.write_text(json.dumps(rows, indent=1))
+    if cfg.json:
+        cfg.json.write_text(json.dumps(rows, indent=1))
     return 0
 
 

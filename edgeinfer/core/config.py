@@ -3,7 +3,11 @@
     load(cls, data)          nested dicts (as TOML parses them) -> a checked `cls` (msgspec.convert)
     add_options(parser, cls) one --option per leaf field, its help the field's documentation
     build(cls, args, launch) a launch file's table overlaid with the command line's options -> `cls`
+    parse(cls, argv)         add_options and build for a program of its own (`python -m edgeinfer.engines.hf_peer`)
     to_argv(cfg)             the inverse of add_options/build (configures child processes)
+
+A list field takes its values space separated, and repeated options add to it (`--policy A B`, `--policy A
+--policy B`); a tuple field takes one comma-separated value (`--ks 2,4,8`).
 
 Nested dataclass fields are flattened to one option each (`--budget-ms` fills
 ReplayConfig.runtime.scheduler.budget_ms); a name that two fields share is an error when the parser is
@@ -23,6 +27,7 @@ import functools
 import inspect
 import io
 import re
+import sys
 import textwrap
 import tokenize
 import tomllib
@@ -33,10 +38,7 @@ from typing import Any
 
 import msgspec
 
-from edgeinfer.core.commands import CONFIG_TABLES
-
-LAUNCH_SECTIONS = CONFIG_TABLES  # one table per edgeinfer command with options (core.commands)
-
+from edgeinfer.core import commands
 
 # ---------------------------------------------------------------------------------------------------- loading
 
@@ -185,9 +187,9 @@ def load_launch(path: Path | None, section: str) -> dict:
     if path is None:
         return {}
     doc = read_toml(path)
-    if set(doc) - set(LAUNCH_SECTIONS):
-        raise ValueError(f"{path}: unknown table(s) {sorted(set(doc) - set(LAUNCH_SECTIONS))}; "
-                         f"expected one of {list(LAUNCH_SECTIONS)}")
+    tables = commands.config_tables()  # one per edgeinfer command with options (registered by the command line)
+    if set(doc) - set(tables):
+        raise ValueError(f"{path}: unknown table(s) {sorted(set(doc) - set(tables))}; expected one of {list(tables)}")
     if section not in doc:  # e.g. `replay --launch launch/hil.toml`: running the defaults instead would mislead
         raise ValueError(f"{path}: no [{section}] table (it has {sorted(doc)})")
     if not isinstance(doc[section], dict):
@@ -202,6 +204,8 @@ def to_argv(obj) -> list[str]:
         value = getattr(obj, f.name)
         if dataclasses.is_dataclass(value):
             argv += to_argv(value)
+        elif isinstance(value, tuple):
+            argv += ["--" + f.name.replace("_", "-"), ",".join(map(str, value))]
         elif value is not None:
             argv.append("--" + f.name.replace("_", "-"))
             argv += [str(v) for v in value] if isinstance(value, list) else [str(value)]
@@ -279,14 +283,16 @@ def _leaves(cls, path=()) -> list[tuple[tuple[str, ...], Any, Any, str, type]]:
     return out
 
 
-def _scalar(tp):
+def _scalar(tp, option: str):
     """(converter, nargs, choices) for an annotation: Optional[X] -> X, list[float] -> float with nargs '+',
-    Literal[...] -> str with choices."""
+    tuple[int, ...] -> one comma-separated value, Literal[...] -> str with choices."""
     tp = _unwrap(tp)[0]
     if typing.get_origin(tp) is typing.Literal:
         return str, None, list(typing.get_args(tp))
     if typing.get_origin(tp) is list:
         return typing.get_args(tp)[0], "+", None
+    if typing.get_origin(tp) is tuple:
+        return _Comma(typing.get_args(tp)[0], option), None, None
     if tp is bool:
         return _bool, None, None
     return tp, None, None
@@ -300,7 +306,7 @@ def expand_bool_flags(parser: argparse.ArgumentParser, argv: list[str]) -> list[
     a bool option never takes a positional argument for its value. A word after it that is not a bool is its
     (refused) value when the command takes no positional argument. parser: the one add_options filled."""
     flags = {s for a in parser._actions if a.type is _bool for s in a.option_strings}
-    positionals = any(not a.option_strings for a in parser._actions)
+    positionals = any(not a.option_strings and not isinstance(a, argparse._SubParsersAction) for a in parser._actions)
     out: list[str] = []
     for i, arg in enumerate(argv):
         out.append(arg)
@@ -308,6 +314,28 @@ def expand_bool_flags(parser: argparse.ArgumentParser, argv: list[str]) -> list[
         if arg in flags and (after is None or after.startswith("-") or (positionals and after.lower() not in _BOOLS)):
             out.append("true")
     return out
+
+
+class _Comma:
+    """A tuple option's value: items separated by commas, each converted by `item` (`--ks 2,4,8`). Refuses an
+    empty item or one `item` refuses, naming the option."""
+
+    _WORDS = {int: "integers", float: "numbers", str: "names", Path: "paths"}
+
+    def __init__(self, item, option: str):
+        self.item, self.option = item, option
+        self.__name__ = f"{_METAVARS.get(item, item.__name__.upper())},..."
+
+    def __call__(self, text: str) -> tuple:
+        try:
+            items = tuple(self.item(x.strip()) for x in text.split(","))
+        except ValueError:
+            items = ()
+        if not items or not all(str(x) for x in items):
+            # argparse's own ArgumentTypeError would say `argument --ks: ...`: the option leads the line instead
+            words = self._WORDS.get(self.item, f"{self.item.__name__} values")
+            raise argparse.ArgumentError(None, f"{self.option} must be comma separated {words}, got {text!r}")
+        return items
 
 
 def _bool(text: str) -> bool:
@@ -323,7 +351,8 @@ def option_help(doc: str, default) -> str:
     """An option's one-line help: the first sentence of its field's documentation and the default (None, the
     field unset, goes without saying: the documentation says what it means)."""
     text = first_sentence(doc)[:1].upper() + first_sentence(doc)[1:] if doc else ""
-    tail = "(required)" if default == "required" else ("" if default is None else f"(default: {default})")
+    shown = ",".join(map(str, default)) if isinstance(default, tuple) else default
+    tail = "(required)" if default == "required" else ("" if default is None else f"(default: {shown})")
     return f"{text} {tail}".strip().replace("%", "%%")
 
 
@@ -367,12 +396,27 @@ def add_options(parser: argparse.ArgumentParser, *classes) -> None:
                 summary = first_sentence(" ".join((inspect.getdoc(owner) or "").split())) if path[:-1] else ""
                 groups[key] = parser.add_argument_group(f"{title} ({owner.__name__})" if path[:-1] else title,
                                                         summary or None)
-            conv, nargs, choices = _scalar(tp)
+            option = "--" + name.replace("_", "-")
+            conv, nargs, choices = _scalar(tp, option)
             metavar = None if choices else ("BOOL" if conv is _bool else _METAVARS.get(conv, conv.__name__.upper()))
-            action = groups[key].add_argument("--" + name.replace("_", "-"), dest=".".join(path), type=conv,
-                                              nargs=nargs, choices=choices, required=default == "required",
+            action = groups[key].add_argument(option, dest=".".join(path), type=conv, nargs=nargs,
+                                              action="extend" if nargs else "store",  # `--policy A --policy B`
+                                              choices=choices, required=default == "required",
                                               metavar=metavar, default=argparse.SUPPRESS,
                                               help=option_help(doc, default))
             action.generated = True
     parser.formatter_class = HelpFormatter
     parser._negative_number_matcher = _NEGATIVE_NUMBER
+
+
+def parse(cls, argv: list[str] | None, prog: str, description: str | None = None):
+    """`cls` filled from command line `argv` (None: the process's) for a program of its own (`python -m
+    edgeinfer.engines.hf_peer`): the parser add_options builds, so that its -h reads as every edgeinfer
+    command's. Exits 2 (argparse's usage error) for an unknown option or a value argparse or `cls` refuses."""
+    parser = argparse.ArgumentParser(prog=prog, description=description)
+    add_options(parser, cls)
+    argv = expand_bool_flags(parser, list(sys.argv[1:] if argv is None else argv))
+    try:
+        return build(cls, parser.parse_args(argv))
+    except ValueError as e:
+        parser.error(str(e))

@@ -19,6 +19,8 @@ from typing import Literal
 
 import numpy as np
 
+from edgeinfer.core.errors import LogError
+
 HELD_OUT: frozenset[int] = frozenset(n for n in range(1, 100) if n % 5 == 1)
 TRAIN: frozenset[int] = frozenset(n for n in range(1, 100) if n % 5 not in (0, 1))
 
@@ -33,10 +35,6 @@ _MAX_SPEED_RAD_S = 0.8
 # Peak of the minimum-jerk velocity profile is 1.875 * dq / T; keep 10 % below the limit.
 _MINJERK_PEAK = 1.875
 _SPEED_MARGIN = 0.9
-
-
-class LogError(ValueError):
-    """A log file is missing or malformed; the message names the file and the 1-based line."""
 
 
 @dataclass

@@ -7,11 +7,13 @@ node, processes and sockets with one fault added.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 
 from edgeinfer.core.clock import now_ns, sleep_until
-from edgeinfer.core.wire import ActionChunk
+from edgeinfer.core.protocols import Engine, Runtime
+from edgeinfer.core.wire import ActionChunk, Observation
 
 
 @dataclass
@@ -60,15 +62,19 @@ class SlowEngine:
         return greedy_run
 
 
-class NonFiniteRuntime:
-    """Wraps a runtime (PolicyRuntime or ByoRuntime): every `every`-th chunk's actions are replaced by NaN
-    (odd occurrences) or +inf (even), as a diverged policy would return them."""
+class NonFiniteRuntime(Runtime):
+    """Wraps a Runtime (core/protocols.py: PolicyRuntime, ByoRuntime, NullRuntime): every `every`-th chunk's actions
+    are replaced by NaN (odd occurrences) or +inf (even), as a diverged policy would return them. The rest of the
+    protocol is the wrapped runtime's."""
 
-    def __init__(self, runtime, every: int):
+    def __init__(self, runtime: Runtime, every: int):
         self.inner, self.every, self.calls, self.injected = runtime, every, 0, 0
 
-    def step(self, *args, **kwargs) -> ActionChunk:
-        chunk = self.inner.step(*args, **kwargs)
+    def step(self, obs: Observation, t_start_ns: int | None, step_ns: int, *,
+             on_first_step: Callable[[ActionChunk], None] | None = None) -> ActionChunk:
+        """The wrapped runtime's chunk, corrupted every `every`-th call. Nothing streams ahead of it
+        (on_first_step unused): a first step sent early would be finite, and the drill is of a diverged chunk."""
+        chunk = self.inner.step(obs, t_start_ns, step_ns)
         self.calls += 1
         if self.calls % self.every == 0 and len(chunk.steps_rad) > 1:
             self.injected += 1
@@ -76,14 +82,46 @@ class NonFiniteRuntime:
             chunk.steps_rad[1:, :] = np.nan if self.injected % 2 else np.inf
         return chunk
 
-    def __getattr__(self, name):
-        return getattr(self.inner, name)
+    @property
+    def n_joints(self) -> int | None:
+        return self.inner.n_joints
+
+    @property
+    def n_chunks(self) -> int:
+        return self.inner.n_chunks
+
+    @property
+    def engine_choice(self) -> dict | None:
+        return self.inner.engine_choice
+
+    @property
+    def engine(self) -> Engine | None:
+        return self.inner.engine
+
+    def warmup_observation(self) -> Observation | None:
+        return self.inner.warmup_observation()
+
+    def warmup(self, obs: Observation | None) -> None:
+        self.inner.warmup(obs)
+
+    def chunk_timing(self, period_ns: int) -> tuple[int, int]:
+        return self.inner.chunk_timing(period_ns)
+
+    def set_budget_ms(self, budget_ms: float) -> None:
+        self.inner.set_budget_ms(budget_ms)
+
+    def reset(self) -> None:
+        self.inner.reset()
+
+    def observe_costs(self, observer: Callable[[str, int], None]) -> None:
+        self.inner.observe_costs(observer)
 
 
-def inject(runtime, cfg: FaultConfig):
-    """`runtime` with the faults of `cfg` applied (unchanged when none is on)."""
+def inject(runtime: Runtime, cfg: FaultConfig) -> Runtime:
+    """`runtime` with the faults of `cfg` applied (unchanged when none is on). Raises ValueError for a pass delay
+    on a runtime with no target engine (Runtime.engine None: the null policy, a bring-your-own spec)."""
     if cfg.fault_pass_delay_ms > 0:
-        if not hasattr(runtime, "engine"):
+        if runtime.engine is None:
             raise ValueError("FaultConfig.fault_pass_delay_ms: this runtime has no target engine to slow")
         runtime.engine = SlowEngine(runtime.engine, int(cfg.fault_pass_delay_ms * 1e6))
     if cfg.fault_nonfinite_every > 0:

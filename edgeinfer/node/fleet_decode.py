@@ -162,7 +162,7 @@ class SequentialDecoder:
                             "choice": choice}
         self.queue: dict[str, Work] = {}  # robot -> its newest work not started
         self._verify: Counter = Counter()  # speculative passes of the chunk being decoded, by k group
-        self.runtime.planner.latency.observer = self._observe
+        self.runtime.observe_costs(self._observe)
 
     def warm_up(self) -> None:
         """Untimed chunks (PolicyRuntime.warmup) that fill the planner's cost estimates and the engine's caches."""

@@ -10,10 +10,11 @@ from edgeinfer.core.clock import now_ns
 from edgeinfer.core.lifecycle import ParentWatch
 from edgeinfer.core.liveliness import Lease
 from edgeinfer.core.logwriter import emit
+from edgeinfer.core.protocols import Runtime
 from edgeinfer.core.wire import Heartbeat, Hello, Message, Start, Stop
 
 
-def await_start(runtime, obs_rx, out, ready, timeout_s: float, parent: ParentWatch,
+def await_start(runtime: Runtime, obs_rx, out, ready, timeout_s: float, parent: ParentWatch,
                 stopped: Callable[[], bool] = lambda: False,
                 heard: Callable[[Message], None] = lambda msg: None,
                 accept: Callable[[Start], bool] = lambda start: True,

@@ -1,4 +1,7 @@
-"""The runtime node: observation -> tokens -> verified chunk under the tick's budget -> ActionChunk.
+"""The runtime: the policy, its target engine, its drafters and the deadline planner, which turn one observation into
+one ActionChunk: observation -> tokens -> verified chunk under the tick's budget -> ActionChunk. PolicyRuntime (the
+action-token policy) and NullRuntime (a chunk that costs nothing) are Runtimes (core/protocols.py), as is
+engines/byo.ByoRuntime; make_runtime picks the one a RuntimeConfig asks for.
 
 Fallback ladder when the budget cannot hold the full plan, best first (every chunk names its rung):
     full      every action token verified by the target
@@ -13,7 +16,8 @@ the chunk, so a partial chunk is completed as a draft is. A coarse chunk is cut 
 (one coefficient of every joint), which already spans the horizon; a chunk cut short names the tokenizer's
 prefix_rung.
 
-The node around it (sockets, handshake, the loop, liveliness, telemetry) is edgeinfer/node/serve.py.
+The runtime node around it (sockets, handshake, the loop, liveliness, telemetry: `edgeinfer serve`) is
+edgeinfer/node/serve.py; it drives a runtime through the Runtime protocol only.
 """
 from __future__ import annotations
 
@@ -26,7 +30,7 @@ import numpy as np
 
 from edgeinfer.core.acceptance import Greedy, Relaxed, Sampling
 from edgeinfer.core.clock import now_ns
-from edgeinfer.core.protocols import Drafter
+from edgeinfer.core.protocols import Drafter, Runtime
 from edgeinfer.core.scheduler import SchedulerConfig, TickPlanner
 from edgeinfer.core.speculative import DecodeResult, speculative_decode
 from edgeinfer.core.wire import ActionChunk, Observation, ObservationMismatch
@@ -173,8 +177,9 @@ class RuntimeConfig:
         return Relaxed(self.relax_bins) if self.acceptance == "relaxed" else Greedy()
 
 
-class PolicyRuntime:
-    """In-process API: build one ActionChunk per observation within the scheduler's budget."""
+class PolicyRuntime(Runtime):
+    """The action-token policy as a Runtime (core/protocols.py): one ActionChunk per observation, speculatively decoded
+    within the scheduler's budget; the fallback ladder (module docstring) when the budget cannot hold the full plan."""
 
     def __init__(self, cfg: RuntimeConfig):
         # torch: only a node that runs the policy loads it
@@ -212,6 +217,10 @@ class PolicyRuntime:
     def reset(self) -> None:
         """A new episode (the observation source restarted): nothing to do, each chunk decodes from its own
         observation."""
+
+    def observe_costs(self, observer: Callable[[str, int], None]) -> None:
+        """The planner's cost samples to observer(name, duration_ns) too (after the warm-up: the node's histograms)."""
+        self.planner.latency.observer = observer
 
     def warmup_observation(self) -> Observation:
         """The policy's warm-up state (the training data's mean for the built-in policy), for warm-up before the
@@ -311,9 +320,10 @@ def build_chunk(policy, obs: Observation, tokens: list[int], rung: str, step_ns:
         accepted=res.accepted if res else 0)
 
 
-class NullRuntime:
+class NullRuntime(Runtime):
     """A policy that costs nothing: each chunk holds the observed position for one chunk step. Serves transport
-    benchmarks and drills (RuntimeConfig.null_policy), through the same node loop as the real policy."""
+    benchmarks and drills (RuntimeConfig.null_policy), through the same node loop as the real policy. A Runtime
+    (core/protocols.py) with no engine and no planner."""
 
     n_joints = None  # any D: it holds whatever position it is sent
 
@@ -335,15 +345,19 @@ class NullRuntime:
     def warmup(self, obs) -> None:
         pass
 
+    def observe_costs(self, observer: Callable[[str, int], None]) -> None:
+        pass  # no planner, no costs
+
     def step(self, obs: Observation, t_start_ns: int | None = None, step_ns: int = 20_000_000,
-             budget: bool = True) -> ActionChunk:
+             budget: bool = True, on_first_step: Callable[[ActionChunk], None] | None = None) -> ActionChunk:
+        """steps_rad (2, D): obs.q_rad twice, step_ns apart; ready at once (on_first_step is never called)."""
         self.n_chunks += 1
         return ActionChunk(seq=self.n_chunks, obs_seq=obs.seq, t_obs_ns=obs.t_ns, t_ready_ns=now_ns(), step_ns=step_ns,
                            steps_rad=np.vstack([obs.q_rad, obs.q_rad]), rung="full", tokens=0, target_passes=0,
                            drafted=0, accepted=0)
 
 
-def make_runtime(cfg: RuntimeConfig):
+def make_runtime(cfg: RuntimeConfig) -> Runtime:
     """The runtime `cfg` asks for: the null policy, a bring-your-own spec, or the action-token policy."""
     if cfg.null_policy:
         runtime = NullRuntime(cfg)

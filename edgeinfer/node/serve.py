@@ -27,6 +27,7 @@ from edgeinfer.core.clock import check_period_ns, now_ns, pin_to_cpus, wait_unti
 from edgeinfer.core.lifecycle import ParentWatch
 from edgeinfer.core.liveliness import LinkMonitor
 from edgeinfer.core.logwriter import emit
+from edgeinfer.core.protocols import Runtime
 from edgeinfer.core.scheduler import UNRESOLVED_BUDGET_MS
 from edgeinfer.core.wire import ActionChunk, Hello, Message, Observation, ObservationMismatch, Start, Stop
 from edgeinfer.engines.auto import choice_counters
@@ -34,7 +35,7 @@ from edgeinfer.node import faults
 from edgeinfer.node.echo import start_echo
 from edgeinfer.node.handshake import await_control, await_start
 from edgeinfer.node.liveliness import RuntimeLiveliness
-from edgeinfer.node.runtime import PolicyRuntime, RuntimeConfig, make_runtime
+from edgeinfer.node.runtime import RuntimeConfig, make_runtime
 from edgeinfer.node.source import NOT_TAKEN, DueWindow, ObservationSource
 from edgeinfer.node.telemetry import NodeTelemetry
 
@@ -88,8 +89,8 @@ class RuntimeNode:
         parent = ParentWatch()
         if warning := pin_to_cpus(cfg.runtime_cpus):  # before the engine starts its threads
             emit(f"runtime: {warning}")
-        self.runtime = make_runtime(cfg)
-        self._engine_choice = getattr(self.runtime, "engine_choice", None)  # backend auto: which engine, why
+        self.runtime: Runtime = make_runtime(cfg)  # driven through the Runtime protocol only (core/protocols.py)
+        self._engine_choice = self.runtime.engine_choice  # backend auto: which engine, why
         self._engine_counters = choice_counters(self._engine_choice) if self._engine_choice else {}  # in each Stats
         try:
             self.ctx = zmq.Context()
@@ -134,11 +135,9 @@ class RuntimeNode:
                                                                         timeout_s, live.parent, stopped, heard, watch):
             emit("runtime: stopped before serving")
             return False
-        # the first verified step streams ahead of its chunk from the policy runtime only (not a drill's wrapper)
-        policy = self.runtime if isinstance(self.runtime, PolicyRuntime) else None
-        if policy is not None:  # after the warm-up: the plan's cost samples, as histograms
-            policy.planner.latency.observer = self.telemetry.observe_ns
-        self._streaming = policy if self.cfg.stream_first_step else None
+        self.runtime.observe_costs(self.telemetry.observe_ns)  # after the warm-up: the plan's costs, as histograms
+        # the first verified step streams ahead of its chunk (from a runtime that has one before the rest)
+        self._on_first_step = self._publish_first_step if self.cfg.stream_first_step else None
         cfg = self.cfg
         c = self._engine_choice
         backend = f"{c['chosen']} (auto, {c['why']}; excluded {c['excluded']})" if c else cfg.backend
@@ -288,9 +287,7 @@ class RuntimeNode:
         return t_obs_ns if 0 <= age_ns < self._budget_ns else t_recv_ns
 
     def _decode(self, obs: Observation, t_start_ns: int) -> ActionChunk:
-        if self._streaming is not None:
-            return self._streaming.step(obs, t_start_ns, self.step_ns, on_first_step=self._publish_first_step)
-        return self.runtime.step(obs, t_start_ns, self.step_ns)
+        return self.runtime.step(obs, t_start_ns, self.step_ns, on_first_step=self._on_first_step)
 
     def _publish_first_step(self, first: ActionChunk) -> None:
         """The chunk's first verified step, ahead of the rest (time to first action); never a non-finite one."""

@@ -3,8 +3,10 @@
 A fresh `python -m edgeinfer ...` spends seconds importing torch before it runs a line of the node (about 3 s
 on a 2-core CPU, more under load), and a process that starts many replays (the bench: scenarios x decode
 modes x repeats) pays that per node and replay. Here one fork server, started on first use with this
-process's environment and working directory, imports `edgeinfer.cli` once; every node is an os.fork() of it
-that runs the very same `edgeinfer.cli.main(argv)` a fresh interpreter would: a separate OS process with its
+process's environment and working directory, is `python -m edgeinfer fork-server`: the command line hands
+serve_forks its own main and a preload (both callables: this layer sits below the command line and names
+neither), the server calls preload once, and every node is an os.fork() of it that runs the very same
+main(argv) a fresh interpreter would: a separate OS process with its
 own sockets, stdout and stderr in a log file, a session of its own, and the EDGEINFER_PARENT_PID watch
 (edgeinfer.core.lifecycle) naming the fork server, which exits when this process closes its end of the pipe (it
 died), so orphaned nodes stop.
@@ -16,7 +18,6 @@ context or CUDA state exists in it when it forks. Requests and replies are JSON 
 """
 from __future__ import annotations
 
-import importlib
 import json
 import os
 import queue
@@ -26,15 +27,12 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
+from typing import Callable
 
 from edgeinfer.core.lifecycle import PARENT_PID_ENV
 
-# everything a node imports: the command line, both nodes, and torch through the engines (the command line
-# imports a command's modules only when it runs)
-PRELOAD = "edgeinfer.cli,edgeinfer.node.serve,edgeinfer.control.loop,edgeinfer.engines.build"
-# what a forked node runs: the program `python -m edgeinfer` runs, named rather than imported here, as an exec
-# names its program (this layer sits below the command line and must not import it)
-ENTRY_POINT = "edgeinfer.cli:main"
+# the fork server's process: the program every node is (NodeSpec.argv), with its internal `fork-server` command
+SERVER_ARGV = (sys.executable, "-m", "edgeinfer", "fork-server")
 START_TIMEOUT_S = 300.0  # the server's imports on a loaded machine, and one fork
 
 
@@ -75,14 +73,13 @@ class _Client:
     """This process's end of the fork server: requests one at a time; a reader thread files exit codes."""
 
     def __init__(self):
-        code = f"from edgeinfer.procs.forkserver import serve_forks; serve_forks({PRELOAD!r})"
-        self.proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        self.proc = subprocess.Popen(SERVER_ARGV, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      start_new_session=True)
         self.codes: dict[int, int] = {}
         self.pids: set[int] = set()  # every node forked
         self.exited = threading.Condition()
         self.replies: queue.Queue = queue.Queue()
-        self.ready = threading.Event()  # the server has imported PRELOAD
+        self.ready = threading.Event()  # the server has preloaded
         self.lock = threading.Lock()
         threading.Thread(target=self._read, name="forkserver-reader", daemon=True).start()
 
@@ -134,7 +131,7 @@ def start(wait: bool = True, timeout_s: float = START_TIMEOUT_S) -> None:
         if not client.ready.wait(timeout_s):
             raise TimeoutError(f"fork server (pid {client.proc.pid}) not ready after {timeout_s} s")
         if client.proc.poll() is not None:
-            raise RuntimeError(f"fork server exited with code {client.proc.returncode} while importing {PRELOAD}")
+            raise RuntimeError(f"fork server exited with code {client.proc.returncode} while preloading")
 
 
 _client: _Client | None = None
@@ -149,15 +146,13 @@ def _server() -> _Client:
         return _client
 
 
-def serve_forks(preload: str) -> None:
-    """The fork server's main loop (its own process): import `preload` (comma-separated modules), then fork a
-    node per request line on stdin and report its pid, and every node's exit, on stdout; exit at EOF on stdin."""
-    import importlib
-
+def serve_forks(main: Callable[[list[str]], int], preload: Callable[[], None]) -> None:
+    """The fork server's main loop (its own process): call `preload` (the imports the nodes share), then fork a
+    node per request line on stdin, which runs `main(argv)` (the command line's), and report its pid, and every
+    node's exit, on stdout; return at EOF on stdin."""
     replies = os.fdopen(os.dup(1), "wb", buffering=0)
     os.dup2(2, 1)  # a stray print of an import must not corrupt the replies
-    for module in preload.split(","):
-        importlib.import_module(module)
+    preload()
     replies.write(b'{"ready": true}\n')
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
@@ -180,7 +175,7 @@ def serve_forks(preload: str) -> None:
                 replies.write(json.dumps({"error": repr(e)}).encode() + b"\n")
                 continue
             if pid == 0:
-                _run_node(request, closing=(wake_r, wake_w, replies.fileno()))
+                _run_node(main, request, closing=(wake_r, wake_w, replies.fileno()))
             replies.write(json.dumps({"pid": pid}).encode() + b"\n")
             _reap(replies)
 
@@ -196,8 +191,8 @@ def _reap(replies) -> None:
         replies.write(json.dumps({"exit": pid, "code": os.waitstatus_to_exitcode(status)}).encode() + b"\n")
 
 
-def _run_node(request: dict, closing: tuple[int, ...]) -> None:
-    """In the forked child: never returns (os._exit with the node's exit code)."""
+def _run_node(main: Callable[[list[str]], int], request: dict, closing: tuple[int, ...]) -> None:
+    """In the forked child: main(request's argv); never returns (os._exit with the node's exit code)."""
     code = 1
     try:
         signal.set_wakeup_fd(-1)
@@ -214,8 +209,7 @@ def _run_node(request: dict, closing: tuple[int, ...]) -> None:
         os.dup2(log, 2)
         os.close(log)
         os.environ[PARENT_PID_ENV] = str(os.getppid())  # the fork server: it exits with our starter
-        module, _, function = ENTRY_POINT.partition(":")
-        code = getattr(importlib.import_module(module), function)(request["argv"])
+        code = main(request["argv"])
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
         if not isinstance(e.code, int | None):

@@ -12,13 +12,15 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from edgeinfer.core.commands import COMMANDS
+from edgeinfer.core import commands
 from edgeinfer.core.config import field_default, to_argv
 
 
 @dataclass
 class NodeSpec:
-    """command: an edgeinfer command that is a node (core.commands.NODE_COMMANDS). configs: its *Config instances
+    """command: an edgeinfer command that is a node (core.commands.node_commands(): checked by `task` and
+    `ready_endpoint`, the lookups of the registered command table; a node started without them, as a sweep's Ray
+    task starts its replay, needs no table). configs: its *Config instances
     (their fields become its options, core.config.to_argv). name: its role in the graph and its log's stem
     (default: the command). log: its stdout and stderr (None: discarded). fork: forked from the fork server
     (procs/forkserver.py) instead of a fresh interpreter. env: added to its environment (not with fork).
@@ -34,9 +36,6 @@ class NodeSpec:
     options: tuple[str, ...] = ()
 
     def __post_init__(self):
-        if COMMANDS.get(self.command) is None or COMMANDS[self.command].node is None:
-            raise ValueError(f"NodeSpec.command: {self.command!r} is not a node; nodes: "
-                             f"{sorted(n for n, c in COMMANDS.items() if c.node)}")
         if self.fork and self.env:
             raise ValueError(f"NodeSpec {self.command}: env is not passed to a forked node (fork=True)")
         self.configs, self.options = tuple(self.configs), tuple(self.options)
@@ -45,13 +44,15 @@ class NodeSpec:
 
     @property
     def task(self) -> bool:
-        """A task is done when it exits; a service runs until it is stopped."""
-        return COMMANDS[self.command].node == "task"
+        """A task is done when it exits; a service runs until it is stopped. Raises ValueError for a command that
+        is not a node."""
+        return commands.node(self.command).node == "task"
 
     @property
     def ready_endpoint(self) -> str | None:
-        """Where a service publishes its Hello once ready (None: ready once started)."""
-        field_name = COMMANDS[self.command].ready
+        """Where a service publishes its Hello once ready (None: ready once started). Raises ValueError for a
+        command that is not a node."""
+        field_name = commands.node(self.command).ready
         for cfg in self.configs:
             if field_name is not None and hasattr(cfg, field_name):
                 return getattr(cfg, field_name)

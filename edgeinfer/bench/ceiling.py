@@ -1,0 +1,46 @@
+"""How fast speculation could ever be on one engine: the ceiling its own pass-cost curve sets.
+
+A chunk of n tokens decodes target-only in a prefill plus n - 1 single-token passes. With speculation at k drafts,
+each verify pass of k + 1 tokens commits T_k tokens (1 <= T_k <= k + 1), so the chunk takes the prefill plus
+(n - 1) / T_k verify passes of cost c(k + 1). Drafting and the decoder's own work only add to that, so
+
+    ceiling(k) = (c(1) + (n - 1) c(1)) / (c(1) + (n - 1) / T_k * c(k + 1))
+
+bounds the speed-up of any drafter with tokens-per-pass T_k on this engine (Leviathan et al. 2023, arXiv
+2211.17192, section 3.4, with the cost of drafting set to 0). Two ceilings are reported, each the best over k:
+    oracle      T_k = k + 1, every draft kept: no drafter can beat it on this engine;
+    measured    T_k as the bench measured it for a drafter: what that drafter could reach were drafting free.
+On a CPU a verify pass costs about one pass plus one token's arithmetic per extra token, so c(k + 1) / c(1) grows
+with k and the ceiling is low; on a GPU the curve is flat for small k and the ceiling is about k + 1.
+"""
+from __future__ import annotations
+
+from typing import Mapping
+
+
+def chunk_us(pass_cost_us: Mapping[int, float], n_tokens: int, k: int, tokens_per_pass: float) -> float:
+    """A chunk's decode time, us, with nothing but target passes: the prefill c(1) and (n_tokens - 1) / T_k verify
+    passes of k + 1 tokens (k = 0: target-only, T_0 = 1). pass_cost_us: {tokens in the pass: p50 us}. Raises
+    KeyError when the curve lacks k + 1, ValueError unless 1 <= tokens_per_pass <= k + 1."""
+    if not 1 <= tokens_per_pass <= k + 1:
+        raise ValueError(f"tokens per pass must be in 1..{k + 1} for k={k}, got {tokens_per_pass}")
+    return pass_cost_us[1] + (n_tokens - 1) / tokens_per_pass * pass_cost_us[k + 1]
+
+
+def ceiling(pass_cost_us: Mapping[int, float], n_tokens: int,
+            tokens_per_pass: Mapping[int, float] | None = None) -> dict:
+    """The best speed-up over target-only on this curve: {"ratio", "k"}, best over the k the curve covers (k + 1 in
+    pass_cost_us) and, when tokens_per_pass ({k: measured T_k}) is given, over the k it holds; the oracle
+    (every draft kept) when tokens_per_pass is None. Keys of pass_cost_us may be ints or their strings (JSON)."""
+    cost = {int(t): float(us) for t, us in pass_cost_us.items()}
+    if 1 not in cost:
+        raise ValueError("the pass-cost curve has no single-token pass (key 1)")
+    plain = chunk_us(cost, n_tokens, 0, 1.0)
+    per_k = {k: float(k + 1) for k in range(1, max(cost))} if tokens_per_pass is None else \
+        {int(k): float(t) for k, t in tokens_per_pass.items() if int(k) + 1 in cost}
+    best = {"ratio": 1.0, "k": 0}
+    for k, t in per_k.items():
+        ratio = plain / chunk_us(cost, n_tokens, k, t)
+        if ratio > best["ratio"]:
+            best = {"ratio": round(ratio, 3), "k": k}
+    return best

@@ -1,0 +1,45 @@
+"""The speculation ceiling of an engine's pass-cost curve (edgeinfer/bench/ceiling.py)."""
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from edgeinfer.bench.ceiling import ceiling, chunk_us
+
+# `edgeinfer bench engines --policy large` on the 2-core EPYC VM: packed fp32, two threads (p50 us per pass)
+PACKED_X2 = {"1": 107.42, "2": 121.76, "3": 140.62, "4": 164.07, "5": 195.1, "6": 232.31, "7": 271.6, "8": 309.06,
+             "9": 346.92}
+
+
+def test_a_flat_curve_is_bounded_by_the_drafts_kept():
+    flat = {t: 100.0 for t in range(1, 10)}
+    best = ceiling(flat, 48)
+    assert best["k"] == 8
+    assert best["ratio"] == pytest.approx(48 / (1 + 47 / 9), abs=1e-3)
+
+
+def test_a_pass_that_costs_its_tokens_never_pays():
+    linear = {t: 100.0 * t for t in range(1, 10)}
+    assert ceiling(linear, 48) == {"ratio": 1.0, "k": 0}
+
+
+def test_the_packed_cpu_curve_caps_even_an_oracle_drafter():
+    best = ceiling(PACKED_X2, 48)
+    assert best["k"] >= 5 and 2.6 < best["ratio"] < 2.75
+    # the learned drafter's tokens per verify pass at k = 3 and 4 (47 / 15.1, 47 / 13.3 verify passes per chunk)
+    measured = ceiling(PACKED_X2, 48, {3: 47 / 15.1, 4: 47 / 13.3})
+    assert measured["k"] in (3, 4) and 1.9 < measured["ratio"] < 2.05
+
+
+def test_tokens_per_pass_outside_one_to_k_plus_one_is_refused():
+    with pytest.raises(ValueError, match="tokens per pass"):
+        chunk_us({1: 1.0, 3: 2.0}, 48, 2, 3.5)
+    with pytest.raises(ValueError, match="single-token"):
+        ceiling({2: 1.0}, 48)
+
+
+@given(st.lists(st.floats(1.0, 1e4), min_size=2, max_size=9), st.integers(2, 64))
+def test_the_oracle_bounds_every_measured_drafter(costs, n):
+    curve = {t + 1: c for t, c in enumerate(sorted(costs))}  # a longer pass never costs less
+    oracle = ceiling(curve, n)
+    partial = ceiling(curve, n, {k: (k + 2) / 2 for k in range(1, len(curve))})
+    assert 1.0 <= partial["ratio"] <= oracle["ratio"] + 1e-9
