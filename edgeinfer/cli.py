@@ -181,7 +181,7 @@ def _option_error(e: OSError, p: argparse.ArgumentParser | None, args) -> str | 
         if isinstance(e, FileExistsError) and not Path(name).is_dir():
             why = f"a file is in the way of the folder {options[dest]} names; give a folder (created when missing)"
         elif isinstance(e, FileNotFoundError) and name == str(value) and dest.endswith("policy"):
-            from edgeinfer.engines.paths import POLICY_NAMES
+            from edgeinfer.engines.models.paths import POLICY_NAMES
 
             why = f"no such manifest file, nor a shipped policy's name ({', '.join(POLICY_NAMES)})"
         elif isinstance(e, FileNotFoundError) and name == str(value):

@@ -23,7 +23,7 @@ def _typed(args: argparse.Namespace) -> list[str]:
 # ------------------------------------------------------------------------------------- replay, hil, launch
 
 def replay_configs():
-    from edgeinfer.sim.config import ReplayConfig
+    from edgeinfer.sim.run_config import ReplayConfig
 
     return (ReplayConfig,)
 
@@ -73,7 +73,7 @@ def _outputs(cfg, report: dict, *logs: str) -> str:
 def _print_graph(command: str, cfg) -> int:
     """The process graph a replay or hil run would start, as `edgeinfer launch FILE --dry-run` prints it."""
     from edgeinfer.launch import graph
-    from edgeinfer.procs.spec import NodeSpec
+    from edgeinfer.procs.node_spec import NodeSpec
 
     print(graph([NodeSpec(command, (replace(cfg, dry_run=False),))]), end="")
     return 0
@@ -130,7 +130,7 @@ def fleet_configs():
 
 
 def fleet(args, cfg) -> int:
-    from edgeinfer.node.fleet import serve_fleet
+    from edgeinfer.node.fleet_node import serve_fleet
 
     serve_fleet(cfg)
     return 0
@@ -165,20 +165,20 @@ def preload_nodes() -> None:
     """Import what every node shares (the fork server's, once, before it forks them): both nodes, and torch
     through the engines."""
     import edgeinfer.control.loop  # noqa: F401
-    import edgeinfer.engines.build  # noqa: F401
+    import edgeinfer.engines.backends.build  # noqa: F401
     import edgeinfer.node.serve  # noqa: F401
 
 
 # ------------------------------------------------------------------------------------------ models, engines
 
 def train_configs():
-    from edgeinfer.engines.fit_config import TrainConfig
+    from edgeinfer.engines.training.fit_config import TrainConfig
 
     return (TrainConfig,)
 
 
 def train(args, cfg) -> int:
-    from edgeinfer.engines.train import train as run_train
+    from edgeinfer.engines.training.train import train as run_train
 
     policy = run_train(cfg)
     print(f"wrote {cfg.out} and {cfg.out.with_suffix('.pt')}; held-out verdict: "
@@ -187,14 +187,14 @@ def train(args, cfg) -> int:
 
 
 def distill_configs():
-    from edgeinfer.engines.fit_config import DistillConfig
+    from edgeinfer.engines.training.fit_config import DistillConfig
 
     return (DistillConfig,)
 
 
 def distill(args, cfg) -> int:
-    from edgeinfer.engines.distill import distill as run_distill
-    from edgeinfer.engines.policy import load_policy
+    from edgeinfer.engines.models.policy import load_policy
+    from edgeinfer.engines.training.distill import distill as run_distill
 
     draft = run_distill(load_policy(cfg.target), cfg)
     print(f"wrote {cfg.out}; held-out: {draft.manifest.get('metrics_held_out')}")
@@ -202,13 +202,13 @@ def distill(args, cfg) -> int:
 
 
 def build_configs():
-    from edgeinfer.engines.build import BuildConfig
+    from edgeinfer.engines.backends.build import BuildConfig
 
     return (BuildConfig,)
 
 
 def build(args, cfg) -> int:
-    from edgeinfer.engines.build import build as build_engine
+    from edgeinfer.engines.backends.build import build as build_engine
 
     return 0 if build_engine(cfg)["passed"] else 1
 
@@ -286,13 +286,13 @@ def bench_engines(args, cfg) -> int:
 
 
 def bench_spec_configs():
-    from edgeinfer.bench.spec import SpecBenchConfig
+    from edgeinfer.bench.speculation import SpecBenchConfig
 
     return (SpecBenchConfig,)
 
 
 def bench_spec(args, cfg) -> int:
-    from edgeinfer.bench.spec import run_command
+    from edgeinfer.bench.speculation import run_command
 
     return run_command(cfg)
 
@@ -310,24 +310,24 @@ def bench_anytime(args, cfg) -> int:
 
 
 def bench_fleet_configs():
-    from edgeinfer.bench.fleet import FleetBenchConfig
+    from edgeinfer.bench.fleet_capacity import FleetBenchConfig
 
     return (FleetBenchConfig,)
 
 
 def bench_fleet(args, cfg) -> int:
-    from edgeinfer.bench.fleet import run_command
+    from edgeinfer.bench.fleet_capacity import run_command
 
     return run_command(cfg, _typed(args))
 
 
 def bench_transport_configs():
-    from edgeinfer.bench.transport import TransportBenchConfig
+    from edgeinfer.bench.transport_costs import TransportBenchConfig
 
     return (TransportBenchConfig,)
 
 
 def bench_transport(args, cfg) -> int:
-    from edgeinfer.bench.transport import run_command
+    from edgeinfer.bench.transport_costs import run_command
 
     return run_command(cfg)

@@ -35,8 +35,8 @@ from rich.table import Table
 from edgeinfer.core import commands, transport
 from edgeinfer.core.config import load, read_toml
 from edgeinfer.core.lifecycle import InterruptSignals
+from edgeinfer.procs.node_spec import NodeSpec, to_toml
 from edgeinfer.procs.nodes import Node, NodeGroup
-from edgeinfer.procs.spec import NodeSpec, to_toml
 
 
 @dataclass

@@ -11,14 +11,14 @@
 import numpy as np
 from scipy.fft import dct
 
-from edgeinfer.engines.bins import fitted_range
-from edgeinfer.engines.dataset import step_increments
-from edgeinfer.engines.dct_tokenizer import DctTokenizer, dct_rad
-from edgeinfer.engines.evaluate import greedy_tokens
-from edgeinfer.engines.fit_data import SCHUNK_DATA, FitDataConfig, load_fit_data
-from edgeinfer.engines.paths import DCT_POLICY
-from edgeinfer.engines.policy import feature_increment, load_policy
-from edgeinfer.engines.tokenizer import ActionTokenizer
+from edgeinfer.engines.models.bins import fitted_range
+from edgeinfer.engines.models.dct_tokenizer import DctTokenizer, dct_rad
+from edgeinfer.engines.models.paths import DCT_POLICY
+from edgeinfer.engines.models.policy import feature_increment, load_policy
+from edgeinfer.engines.models.tokenizer import ActionTokenizer
+from edgeinfer.engines.training.dataset import step_increments
+from edgeinfer.engines.training.evaluate import greedy_tokens
+from edgeinfer.engines.training.fit_data import SCHUNK_DATA, FitDataConfig, load_fit_data
 
 
 def mrad(err: np.ndarray) -> float:

@@ -9,10 +9,10 @@ import time
 import numpy as np
 
 from edgeinfer.core.protocols import Pass
-from edgeinfer.engines.fused_batched import BatchedFusedEngine
-from edgeinfer.engines.fused_engine import FusedEngine
-from edgeinfer.engines.paths import DEFAULT_POLICY
-from edgeinfer.engines.policy import load_policy
+from edgeinfer.engines.backends.fused_batched import BatchedFusedEngine
+from edgeinfer.engines.backends.fused_engine import FusedEngine
+from edgeinfer.engines.models.paths import DEFAULT_POLICY
+from edgeinfer.engines.models.policy import load_policy
 
 REPEATS, WARMUP = 30, 5
 

@@ -63,8 +63,8 @@ from edgeinfer.control.safety import SafetyLimits
 from edgeinfer.core import transport, wire
 from edgeinfer.core.clock import now_ns
 from edgeinfer.node.runtime import RuntimeConfig
+from edgeinfer.procs.node_spec import NodeSpec
 from edgeinfer.procs.nodes import NodeGroup
-from edgeinfer.procs.spec import NodeSpec
 
 MUTATIONS = ("bitflip", "truncate", "extra_frames", "missing_frames", "garbage", "reorder")
 STRUCTURED = ("deep_nesting", "huge_declared", "bad_fields", "oversize", "many_frames", "wrong_joints",

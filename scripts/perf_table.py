@@ -13,7 +13,7 @@ import json
 import sys
 from pathlib import Path
 
-from edgeinfer.bench.report import markdown
+from edgeinfer.bench.suite_report import markdown
 
 
 def replace_section(text: str, section: str, table: str) -> str:

@@ -14,8 +14,8 @@ import json
 import zmq
 
 from edgeinfer.core import clock, transport
-from edgeinfer.sim.config import ReplayConfig
 from edgeinfer.sim.replay import stream
+from edgeinfer.sim.run_config import ReplayConfig
 from edgeinfer.sim.schedule import tick_grid
 from edgeinfer.sim.session import load_log
 

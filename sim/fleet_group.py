@@ -51,7 +51,7 @@ class FleetRobotsConfig:
     settle_ms: float = 100.0  # after a robot's last deadline and its Stop: chunks still on their way, ms
     keep_chunks: bool = False  # keep every chunk's steps_rad in the records (the exactness test)
     # SCHED_FIFO priority of this process (best effort; 0 = off): the robots stand in for sensor hardware, whose
-    # timing the runtime under test must not delay (as the replayer's, sim/config.py)
+    # timing the runtime under test must not delay (as the replayer's, sim/run_config.py)
     robot_priority: int = 70
     handshake_timeout_s: float = 300.0  # for the coordinator's Hello and Start, s
 

@@ -1,5 +1,5 @@
 """Fleet replay (`edgeinfer fleet-replay`): N robots, each replaying its own real log with its own replayer clock
-and control loop, against one fleet runtime (`edgeinfer fleet`, edgeinfer/node/fleet.py), or against one runtime
+and control loop, against one fleet runtime (`edgeinfer fleet`, edgeinfer/node/fleet_node.py), or against one runtime
 process per robot (runtime_per_robot: the bench's configuration (a)).
 
     coordinator (here) --start--> robot-group processes (sim/fleet_group.py: robots_per_process robots each)
@@ -34,8 +34,8 @@ from edgeinfer.core.wire import Hello, Start, Stop
 from edgeinfer.logs.arm_log import list_schunk_runs, split_of
 from edgeinfer.node.fleet_config import CONTROLLER, FleetConfig
 from edgeinfer.node.runtime import RuntimeConfig
+from edgeinfer.procs.node_spec import NodeSpec
 from edgeinfer.procs.nodes import Node, NodeGroup
-from edgeinfer.procs.spec import NodeSpec
 from edgeinfer.sim.fleet_group import SYNTHETIC, FleetRobotsConfig, robot_log
 from edgeinfer.sim.fleet_report import fleet_summary, print_fleet, robot_figures, write_plot
 from edgeinfer.sim.fleet_robot import load_record
@@ -44,7 +44,7 @@ from edgeinfer.sim.session import RunSession, say_exit_codes
 
 SYNTHETIC_SHIFT_S = 0.5  # without real logs, robot i replays the synthetic log from i * this on
 START_MARGIN_NS = 200_000_000  # Start is published this long before t0: every group has it in time
-DATA_DIR_ENV = "EDGEINFER_DATA_DIR"  # as engines/calibration.py (not imported: it imports torch)
+DATA_DIR_ENV = "EDGEINFER_DATA_DIR"  # as engines/backends/calibration.py (not imported: it imports torch)
 DEFAULT_DATA_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "schunk_lwa4p"
 
 

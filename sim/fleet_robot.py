@@ -1,5 +1,5 @@
 """One robot of a fleet replay: its log, its own replayer clock and its own control loop, talking to a fleet
-runtime (edgeinfer/node/fleet.py) over a DEALER whose routing id is the robot's name.
+runtime (edgeinfer/node/fleet_node.py) over a DEALER whose routing id is the robot's name.
 
     robot --Join--> runtime --Admission--> robot           (refused: the reason is kept and the robot stops)
     robot --Observation (every replan_every_ticks)--> runtime --ActionChunk--> robot     ... robot --Stop-->

@@ -39,17 +39,17 @@ from rich.markup import escape
 
 from edgeinfer.core import transport
 from edgeinfer.core.telemetry import stats_summary
-from edgeinfer.engines.paths import DEFAULT_POLICY
+from edgeinfer.engines.models.paths import DEFAULT_POLICY
 from edgeinfer.node.runtime import RuntimeConfig
-from edgeinfer.procs.spec import NodeSpec
+from edgeinfer.procs.node_spec import NodeSpec
 from edgeinfer.sim import roundtrip
-from edgeinfer.sim.config import ReplayConfig, SessionConfig
 from edgeinfer.sim.host import sched_state
 from edgeinfer.sim.metrics import CONFIDENCE, measured_chunks, row_of_tick, summarize
 from edgeinfer.sim.plots import PLOT_FILES, plot_histogram, plot_stages, plot_timeline
 from edgeinfer.sim.received import HOLD, NONE
 from edgeinfer.sim.replay import drain, replay_rows
 from edgeinfer.sim.report import replay_progress
+from edgeinfer.sim.run_config import ReplayConfig, SessionConfig
 from edgeinfer.sim.session import RobotSockets, RunSession, prepare, robot_sections, write_outputs
 from edgeinfer.sim.stats import latency_ci_ms, latency_summary_ms
 from edgeinfer.sim.supervisor import Supervisor

@@ -21,7 +21,7 @@ import numpy as np
 import psutil
 
 from edgeinfer.core import clock
-from edgeinfer.engines.cache import cpu_model
+from edgeinfer.engines.backends.cache import cpu_model
 from edgeinfer.sim.stats import latency_summary_ms
 
 GOVERNOR = Path("/sys/devices/system/cpu/cpu0/cpufreq/scaling_governor")

@@ -19,12 +19,12 @@ from rich.console import Console
 
 from edgeinfer.control.limits import JointCountError, ResolvedLimits, resolve_limits
 from edgeinfer.core.progress import say
-from edgeinfer.engines.paths import TRAINED_DIR
+from edgeinfer.engines.models.paths import TRAINED_DIR
 from edgeinfer.logs import detect_format
 from edgeinfer.logs.arm_log import ArmLog, LogError
 from edgeinfer.logs.options import ReaderOptions
 from edgeinfer.node.runtime import RuntimeConfig
-from edgeinfer.sim.config import ReplayConfig
+from edgeinfer.sim.run_config import ReplayConfig
 
 
 def policy_manifest(runtime: RuntimeConfig) -> dict | None:
@@ -45,7 +45,7 @@ def policy_shape(runtime: RuntimeConfig, log: ArmLog) -> dict:
     manifest, or a bring-your-own spec (one step per period). Raises ObservationMismatch (a ValueError) naming
     the spec's field, the channel and the log when the log lacks an extra channel the spec reads."""
     if runtime.byo_spec is not None:
-        from edgeinfer.engines.byo import ByoSpec
+        from edgeinfer.engines.models.byo import ByoSpec
 
         spec = ByoSpec.load(runtime.byo_spec, model=runtime.byo_model)
         spec.check_channels({k: v.shape[1] for k, v in log.extra.items()}, f"the log {log.name}")

@@ -34,17 +34,17 @@ from edgeinfer.core.extras import missing_line
 from edgeinfer.core.progress import Progress, say
 from edgeinfer.core.telemetry import stats_summary
 from edgeinfer.core.wire import ActionChunk, JointCommand, Observation, Start, Stats, encode
-from edgeinfer.engines.engine import unavailable_reason
+from edgeinfer.engines.backends.engine import unavailable_reason
 from edgeinfer.logs.arm_log import ArmLog
-from edgeinfer.procs.spec import NodeSpec
-from edgeinfer.sim.config import ReplayConfig
-from edgeinfer.sim.faults import FaultInjector
+from edgeinfer.procs.node_spec import NodeSpec
 from edgeinfer.sim.host import sched_state
 from edgeinfer.sim.metrics import summarize
+from edgeinfer.sim.network_faults import FaultInjector
 from edgeinfer.sim.pacing import delivery_report, scaled_period_ns, send_timing_report, should_skip
 from edgeinfer.sim.plots import write_plots
 from edgeinfer.sim.received import Chunks, Commands
 from edgeinfer.sim.report import engine_choice_section, replay_progress
+from edgeinfer.sim.run_config import ReplayConfig
 from edgeinfer.sim.run_mcap import wall_offset_ns
 from edgeinfer.sim.schedule import extra_of, observation, previous_rows
 from edgeinfer.sim.session import Prepared, RobotSockets, RunSession, prepare, robot_sections, write_outputs

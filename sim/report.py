@@ -60,10 +60,10 @@ def _jsonable(x: Any) -> Any:
 
 def engine_choice_section(report: dict, runtime_stats) -> dict | None:
     """The report's "engine_choice" (None unless the runtime ran backend auto), from the counters of its newest
-    Stats (engines/auto.py choice_from_counters): chosen, statistic, start_up_ms, probes, candidates {name:
+    Stats (engines/backends/auto.py choice_from_counters): chosen, statistic, start_up_ms, probes, candidates {name:
     {chunk_ms_p50, chunk_ms_p90, exact, mismatched_tokens}}, excluded {name: why}. The "engine" headline then names
     the chosen backend."""
-    from edgeinfer.engines.auto import choice_from_counters
+    from edgeinfer.engines.backends.auto import choice_from_counters
 
     choice = choice_from_counters(runtime_stats.counters) if runtime_stats is not None else None
     if choice is not None and isinstance(report.get("engine"), str):

@@ -33,16 +33,16 @@ from edgeinfer.core.progress import say
 from edgeinfer.core.wire import Stop
 from edgeinfer.logs import read_log
 from edgeinfer.logs.arm_log import ArmLog, synthetic_log
+from edgeinfer.procs.node_spec import NodeSpec
 from edgeinfer.procs.nodes import Node, NodeGroup
-from edgeinfer.procs.spec import NodeSpec
 from edgeinfer.sim import stats
-from edgeinfer.sim.config import ReplayConfig
 from edgeinfer.sim.host import measure_host, sched_state
 from edgeinfer.sim.metrics import write_ticks
 from edgeinfer.sim.pacing import scaled_period_ns
 from edgeinfer.sim.plots import write_plots
 from edgeinfer.sim.preflight import check_run_fits, log_defaults, policy_shape
 from edgeinfer.sim.report import print_table, write_report
+from edgeinfer.sim.run_config import ReplayConfig
 from edgeinfer.sim.run_mcap import run_mcap_section
 from edgeinfer.sim.schedule import replay_ticks
 from edgeinfer.sim.supervisor import safety_section

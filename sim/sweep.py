@@ -42,8 +42,8 @@ from edgeinfer.core.config import load, read_toml, to_argv
 from edgeinfer.core.extras import require
 from edgeinfer.core.progress import Progress, say
 from edgeinfer.logs import require_reader
+from edgeinfer.procs.node_spec import NodeSpec
 from edgeinfer.procs.nodes import run_to_exit
-from edgeinfer.procs.spec import NodeSpec
 from edgeinfer.sim.tables import whole_words
 
 CSV_COLUMNS = ("run", "log", "config", "status", "latency_p50_ms", "latency_p50_ci95_lo", "latency_p50_ci95_hi",
@@ -162,7 +162,7 @@ def plan(path: Path, out: Path | None = None) -> tuple[list[Run], Path]:
     doc = load(SweepFile, read_toml(path), file=path)
     logs = expand_logs(doc.sweep.logs, path)
     out = Path(out) if out is not None else (path.parent / doc.sweep.out).resolve()
-    from edgeinfer.sim.config import ReplayConfig  # here: Ray workers import this module without torch
+    from edgeinfer.sim.run_config import ReplayConfig  # here: Ray workers import this module without torch
 
     runs, names = [], set()
     for log in logs:

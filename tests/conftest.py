@@ -28,14 +28,14 @@ def schunk_dir() -> Path:
 @pytest.fixture(scope="session")
 def held_out(schunk_dir):
     """(features (N, 18), offsets (N, 8, 6)) windows of the 20 held-out runs."""
-    from edgeinfer.engines.fit_data import FitDataConfig, load_fit_data
+    from edgeinfer.engines.training.fit_data import FitDataConfig, load_fit_data
 
     return load_fit_data(FitDataConfig(data=schunk_dir)).windows("held_out", 8, 5)
 
 
 @pytest.fixture(scope="session")
 def policy():
-    from edgeinfer.engines.policy import load_policy
+    from edgeinfer.engines.models.policy import load_policy
 
     return load_policy()
 

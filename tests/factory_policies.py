@@ -5,9 +5,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from edgeinfer.engines.factory import FactoryPolicyConfig, PolicyParts
-from edgeinfer.engines.policy import Normaliser
-from edgeinfer.engines.tokenizer import ActionTokenizer
+from edgeinfer.engines.models.factory import FactoryPolicyConfig, PolicyParts
+from edgeinfer.engines.models.policy import Normaliser
+from edgeinfer.engines.models.tokenizer import ActionTokenizer
 
 D = 16  # model width
 LATE = 7  # LateStaleCache adds instead of writing from this position on (past the old self-test's positions 0..6)

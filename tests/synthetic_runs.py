@@ -10,10 +10,10 @@ import numpy as np
 
 from edgeinfer.core.wire import ActionChunk, JointCommand
 from edgeinfer.logs.arm_log import synthetic_log
-from edgeinfer.sim.config import ReplayConfig
 from edgeinfer.sim.metrics import summarize
 from edgeinfer.sim.received import Chunks, Commands
 from edgeinfer.sim.replay import Recording
+from edgeinfer.sim.run_config import ReplayConfig
 
 PERIOD_NS = 4_000_000  # 250 Hz
 STRIDE = 5

@@ -1,5 +1,5 @@
-"""`backend="auto"` (engines/auto.py): the fastest exact engine by measured chunk time, every exclusion with its
-reason, the mode/precision rules of RuntimeConfig, and the choice in a real replay's report."""
+"""`backend="auto"` (engines/backends/auto.py): the fastest exact engine by measured chunk time, every exclusion with
+its reason, the mode/precision rules of RuntimeConfig, and the choice in a real replay's report."""
 import json
 from pathlib import Path
 
@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 from rich.console import Console
 
-from edgeinfer.engines.auto import choice_counters, choice_from_counters, choose_engine
-from edgeinfer.engines.drafters import make_drafter
-from edgeinfer.engines.torch_engine import TorchEngine
+from edgeinfer.engines.backends.auto import choice_counters, choice_from_counters, choose_engine
+from edgeinfer.engines.backends.torch_engine import TorchEngine
+from edgeinfer.engines.models.drafters import make_drafter
 from edgeinfer.node.runtime import RuntimeConfig
 
 
@@ -146,8 +146,8 @@ def test_ultrafast_sets_the_exact_preset():
 
 
 def test_the_choice_reaches_a_real_replays_report(tmp_path):
-    from edgeinfer.sim.config import ReplayConfig
     from edgeinfer.sim.replay import replay
+    from edgeinfer.sim.run_config import ReplayConfig
 
     report = replay(ReplayConfig(out=tmp_path, duration_s=1.0, plots=False, runtime=RuntimeConfig(mode="ultrafast")),
                     Console(quiet=True))
@@ -163,7 +163,7 @@ def test_the_choice_is_cached_per_policy_and_machine_and_reused_without_probes(p
     """open_auto keeps its choice under EDGEINFER_CACHE_DIR: the next start with the same key opens the chosen engine
     alone (choose_engine is not called), a different key (threads) measures again, a corrupt file is measured over,
     and EDGEINFER_ENGINE_CHOICE=measure measures whatever the cache holds."""
-    from edgeinfer.engines import auto
+    from edgeinfer.engines.backends import auto
 
     monkeypatch.setenv("EDGEINFER_CACHE_DIR", str(tmp_path))
     names = ["fused", "torch"]
@@ -202,7 +202,7 @@ def test_the_choice_is_cached_per_policy_and_machine_and_reused_without_probes(p
 def test_a_damaged_cache_file_is_measured_over(policy, tmp_path, monkeypatch, damage):
     """Whatever a cache file holds that is not a whole choice, the start measures again (the breaker's start-ups
     that failed every time on {"chosen": "packed"} and tracebacks on bad types)."""
-    from edgeinfer.engines import auto
+    from edgeinfer.engines.backends import auto
 
     monkeypatch.setenv("EDGEINFER_CACHE_DIR", str(tmp_path))
     names = ["fused", "torch"]

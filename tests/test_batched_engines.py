@@ -10,10 +10,10 @@ import pytest
 from edgeinfer.core.acceptance import Greedy
 from edgeinfer.core.protocols import Pass
 from edgeinfer.core.speculative import ChunkDecode
-from edgeinfer.engines.cache import EngineCache
-from edgeinfer.engines.drafters import KinematicDrafter
-from edgeinfer.engines.torch_batched import TorchBatchedEngine
-from edgeinfer.engines.torch_engine import TorchEngine
+from edgeinfer.engines.backends.cache import EngineCache
+from edgeinfer.engines.backends.torch_batched import TorchBatchedEngine
+from edgeinfer.engines.backends.torch_engine import TorchEngine
+from edgeinfer.engines.models.drafters import KinematicDrafter
 
 N_SLOTS = 8
 N_CHUNKS = 100
@@ -31,7 +31,7 @@ def batched(policy, tmp_path_factory, one_torch_thread):
     """{backend: a BatchedEngine with N_SLOTS slots} for torch and (when installed) onnxruntime."""
     engines = {"torch": TorchBatchedEngine(policy.model, N_SLOTS)}
     if _has_onnxruntime():
-        from edgeinfer.engines.ort_batched import OrtBatchedEngine
+        from edgeinfer.engines.backends.ort_batched import OrtBatchedEngine
 
         cache = EngineCache(tmp_path_factory.mktemp("engines"))
         engines["onnxruntime"] = OrtBatchedEngine.from_policy(policy, N_SLOTS, cache=cache, log=lambda line: None)
@@ -141,8 +141,8 @@ def test_invalid_passes_are_refused_naming_the_field(policy, batched, bad, field
 def test_batched_plan_is_cached_with_its_shape(policy, batched):
     if "onnxruntime" not in batched:
         pytest.skip("onnxruntime/onnxscript not installed")
-    from edgeinfer.engines.onnx_export_batched import GRAPH
-    from edgeinfer.engines.ort_batched import OrtBatchedEngine
+    from edgeinfer.engines.backends.onnx_export_batched import GRAPH
+    from edgeinfer.engines.backends.ort_batched import OrtBatchedEngine
 
     plan = Path(batched["onnxruntime"].plan["path"])
     fields = json.loads((plan.parent / "meta.json").read_text())["key_fields"]
@@ -154,7 +154,7 @@ def test_batched_plan_is_cached_with_its_shape(policy, batched):
 
 
 def test_open_batched_opens_torch_and_onnxruntime(policy, batched, monkeypatch):
-    from edgeinfer.engines.batched import open_batched
+    from edgeinfer.engines.backends.batched import open_batched
 
     engine = open_batched(policy, "torch", 3)
     assert isinstance(engine, TorchBatchedEngine) and (engine.backend, engine.n_slots) == ("torch", 3)

@@ -13,9 +13,9 @@ from rich.console import Console
 
 from edgeinfer.bench.e2e import REPLAY_TIME_SCALE, scenario_log
 from edgeinfer.bench.figures import TAIL_KEYS, compare
-from edgeinfer.bench.report import markdown
 from edgeinfer.bench.scenarios import ReplayScenario, load_scenarios
 from edgeinfer.bench.suite import BenchConfig, run_bench
+from edgeinfer.bench.suite_report import markdown
 from edgeinfer.cli import main as edgeinfer_cli
 from edgeinfer.logs.arm_log import synthetic_log
 from edgeinfer.sim.schedule import tick_grid

@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 
 from edgeinfer.bench.anytime import AnytimeConfig, curve_windows, verdict, whole_horizon
-from edgeinfer.engines.dct_tokenizer import DctTokenizer, constant_velocity_rad
-from edgeinfer.engines.evaluate import greedy_tokens
-from edgeinfer.engines.policy import feature_increment
-from edgeinfer.engines.tokenizer import ActionTokenizer
+from edgeinfer.engines.models.dct_tokenizer import DctTokenizer, constant_velocity_rad
+from edgeinfer.engines.models.policy import feature_increment
+from edgeinfer.engines.models.tokenizer import ActionTokenizer
+from edgeinfer.engines.training.evaluate import greedy_tokens
 
 H, D = 8, 6
 
@@ -102,8 +102,8 @@ def tiny(schunk_dir, tmp_path_factory):
 
 
 def test_a_tiny_run_fills_every_section_with_real_values(tiny):
-    from edgeinfer.engines.evaluate import evaluate_policy
-    from edgeinfer.engines.policy import load_policy
+    from edgeinfer.engines.models.policy import load_policy
+    from edgeinfer.engines.training.evaluate import evaluate_policy
 
     cfg, code, result = tiny
     assert result["schema"] == "edgeinfer.bench.anytime/1" and result["config"]["runs"] == [61]
@@ -113,7 +113,7 @@ def test_a_tiny_run_fills_every_section_with_real_values(tiny):
         assert [c["tokens"] for c in curve["greedy"]] == list(range(D, H * D + 1, D))
         policy = load_policy(path)
         feats, offsets, _ = curve_windows(policy, cfg.data_dir, 48)
-        # the whole chunk: engines/evaluate.py's held-out RMSE on the same windows, computed by its own code
+        # the whole chunk: engines/training/evaluate.py's held-out RMSE on the same windows, computed by its own code
         assert curve["greedy"][-1]["action_rmse_rad"] == pytest.approx(
             evaluate_policy(policy, feats, offsets)["action_rmse_rad"], rel=1e-9)
         first = curve["greedy"][0]["action_rmse_rad"]
@@ -190,7 +190,7 @@ def test_an_interrupted_replay_stops_the_bench_instead_of_being_pooled(monkeypat
     """Ctrl-C during a replay stops that replay early (report "interrupted"); the bench must stop too (the CLI
     exits 130), not pool the cut run and print a verdict."""
     from edgeinfer.bench import anytime_replays
-    from edgeinfer.engines.paths import DEFAULT_POLICY
+    from edgeinfer.engines.models.paths import DEFAULT_POLICY
 
     monkeypatch.setattr("edgeinfer.sim.replay.replay", lambda cfg, console: {"interrupted": True})
     with pytest.raises(KeyboardInterrupt, match="interrupted"):

@@ -180,9 +180,9 @@ def test_preset_decode_is_exact_and_speculates(policy):
     """The ultrafast row's decode (the runtime's adaptive planner, unbudgeted) on the torch engine: the target's
     greedy tokens, in fewer target passes than tokens (its exploration speculates at k = 1, 2, 4, 8, 16 first)."""
     from edgeinfer.bench.ultrafast import Stack, measure_stack
-    from edgeinfer.engines.build import load_engine
-    from edgeinfer.engines.calibration import sample_windows
-    from edgeinfer.engines.drafters import KinematicDrafter
+    from edgeinfer.engines.backends.build import load_engine
+    from edgeinfer.engines.backends.calibration import sample_windows
+    from edgeinfer.engines.models.drafters import KinematicDrafter
 
     feats, _, _ = sample_windows(policy, 3, 1)
     engine = load_engine(policy, "torch")
@@ -195,7 +195,7 @@ def test_preset_decode_is_exact_and_speculates(policy):
 
 def test_timed_drafter_counts_time_and_tokens_on_its_clock(policy):
     from edgeinfer.bench.ultrafast import TimedDrafter
-    from edgeinfer.engines.drafters import KinematicDrafter
+    from edgeinfer.engines.models.drafters import KinematicDrafter
 
     ticks = iter(range(0, 10_000, 100))  # every clock read advances 100 ns
     timed = TimedDrafter(KinematicDrafter(policy.tokenizer), clock=lambda: next(ticks))

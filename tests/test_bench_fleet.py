@@ -1,12 +1,12 @@
-"""`edgeinfer bench fleet` (edgeinfer/bench/fleet.py): the robot-count ladder and its headline on synthetic points,
-option validation, an interrupted run keeping its points, and one tiny real run through the fleet replay."""
+"""`edgeinfer bench fleet` (edgeinfer/bench/fleet_capacity.py): the robot-count ladder and its headline on synthetic
+points, option validation, an interrupted run keeping its points, and one tiny real run through the fleet replay."""
 from __future__ import annotations
 
 import json
 
 import pytest
 
-from edgeinfer.bench.fleet import CONFIGURATIONS, FleetBenchConfig, run_fleet
+from edgeinfer.bench.fleet_capacity import CONFIGURATIONS, FleetBenchConfig, run_fleet
 from edgeinfer.bench.fleet_ladder import breaks, headline, next_robots, passes, ratio
 
 
@@ -199,8 +199,6 @@ def test_a_point_pools_the_served_robots_only():
 @pytest.mark.slow
 def test_a_tiny_real_run_through_the_command_line(tmp_path, capsys):
     """d (edgeinfer fleet), sync, N = 1..2, 1 s each: a real runtime, robots and sockets (sim/fleet_replay.py)."""
-    pytest.importorskip("edgeinfer.sim.fleet_replay", reason="the fleet replay (helper fleetsim) is not there yet")
-    pytest.importorskip("edgeinfer.node.fleet", reason="the fleet runtime node (helper fleetnode) is not there yet")
     from edgeinfer.cli import main
 
     out = tmp_path / "fleet.json"
@@ -210,7 +208,7 @@ def test_a_tiny_real_run_through_the_command_line(tmp_path, capsys):
     text = capsys.readouterr()
     print(text.out, text.err)  # the real run's table, for the record (pytest -s)
     res = json.loads(out.read_text())
-    assert code == 0 and not res["interrupted"] and res["schema"] == "edgeinfer.bench.fleet/1"
+    assert code == 0 and not res["interrupted"] and res["schema"] == "edgeinfer.bench.fleet_capacity/1"
     assert [(p["config"], p["phase"], p["robots_requested"]) for p in res["points"]] == [("d", "sync", 1),
                                                                                         ("d", "sync", 2)]
     for p in res["points"]:
@@ -254,7 +252,7 @@ def test_an_interrupted_replay_stops_the_bench_and_the_runtime_is_sized_to_the_f
 
 
 def test_the_plan_bounds_the_points_and_the_ladder_is_the_one_next_robots_walks():
-    from edgeinfer.bench.fleet import plan_line
+    from edgeinfer.bench.fleet_capacity import plan_line
     from edgeinfer.bench.fleet_ladder import ladder
 
     assert ladder(1) == [1] and ladder(12) == [1, 2, 4, 8, 12] and ladder(32) == [1, 2, 4, 8, 16, 32]
@@ -265,7 +263,7 @@ def test_the_plan_bounds_the_points_and_the_ladder_is_the_one_next_robots_walks(
 
 
 def test_settle_gives_up_after_its_longest_wait():
-    from edgeinfer.bench.fleet import settle
+    from edgeinfer.bench.fleet_capacity import settle
 
     assert settle(0.0) == {"settle_s": 0.0, "cpu_busy_pct": None, "quiet": None}  # no wait: nothing measured
     got = settle(1.5)  # one or two one-second samples: never more than max_s plus one sample

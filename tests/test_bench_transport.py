@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from edgeinfer.bench.floors import minimal_decode, minimal_encode, raw_pubsub_round_trip_ns, raw_zmq_round_trip_ns
-from edgeinfer.bench.transport import main, payload_bytes, run
+from edgeinfer.bench.transport_costs import main, payload_bytes, run
 from edgeinfer.node.source import ARRIVALS
 
 

@@ -7,7 +7,7 @@ import sys
 import pytest
 from rich.console import Console
 
-from edgeinfer.engines.build import BuildConfig, build
+from edgeinfer.engines.backends.build import BuildConfig, build
 
 
 def _cli(*args):

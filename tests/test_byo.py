@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from edgeinfer.core import wire
-from edgeinfer.engines.byo import ByoPolicy, ByoRuntime, ByoSpec
+from edgeinfer.engines.models.byo import ByoPolicy, ByoRuntime, ByoSpec
 from edgeinfer.logs.arm_log import HELD_OUT, list_schunk_runs, read_schunk
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -12,7 +12,7 @@ from test_serve import _step_until_chunk, node_and_peers  # noqa: F401  (the fix
 from edgeinfer.core.clock import now_ns
 from edgeinfer.core.transport import send
 from edgeinfer.core.wire import Observation, Start
-from edgeinfer.engines.byo import ByoPolicy, ByoSpec
+from edgeinfer.engines.models.byo import ByoPolicy, ByoSpec
 from edgeinfer.node.runtime import RuntimeConfig
 
 SPEC = """

@@ -54,7 +54,7 @@ def legged(tmp_path_factory) -> tuple[Path, Path]:
 
 
 def test_legged_spec_layout(legged):
-    from edgeinfer.engines.byo import ByoSpec
+    from edgeinfer.engines.models.byo import ByoSpec
 
     spec = ByoSpec.load(LEGGED_SPEC, model=legged[1])
     assert [(f.name, f.source, f.width) for f in spec.observation] == [
@@ -66,8 +66,8 @@ def test_legged_spec_layout(legged):
 def test_a_log_without_the_channels_is_refused_before_anything_starts(legged, tmp_path):
     """Naming the spec's field, the channel and the log; no process is started (the check is the preflight's)."""
     from edgeinfer.node.runtime import RuntimeConfig
-    from edgeinfer.sim.config import ReplayConfig
     from edgeinfer.sim.replay import replay
+    from edgeinfer.sim.run_config import ReplayConfig
 
     cfg = ReplayConfig(log=legged[0], out=tmp_path, extra="imu.ang_vel=/imu:angular_velocity",
                        runtime=RuntimeConfig(byo_spec=LEGGED_SPEC, byo_model=legged[1]))
@@ -112,7 +112,7 @@ def test_legged_policy_in_the_replay_loop(legged, tmp_path, monkeypatch):
     log rows (the pre-roll: row 0 at rest), the same chunk order (last action) and the same observation times
     (phase, from the first chunk's observation): so the runner got the IMU, the command and the phase clock."""
     from edgeinfer import cli
-    from edgeinfer.engines.byo import ByoPolicy, ByoSpec
+    from edgeinfer.engines.models.byo import ByoPolicy, ByoSpec
     from edgeinfer.logs import read_log
     from edgeinfer.sim import replay as replay_module
 

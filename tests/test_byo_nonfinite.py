@@ -12,7 +12,7 @@ from test_serve import _step_until_chunk, node_and_peers  # noqa: F401  (the fix
 from edgeinfer.core.clock import now_ns
 from edgeinfer.core.transport import send
 from edgeinfer.core.wire import Observation
-from edgeinfer.engines.byo import ByoPolicy, ByoRuntime, ByoSpec
+from edgeinfer.engines.models.byo import ByoPolicy, ByoRuntime, ByoSpec
 from edgeinfer.node.runtime import RuntimeConfig
 
 ROOT = Path(__file__).resolve().parents[1]

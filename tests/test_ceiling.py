@@ -3,7 +3,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from edgeinfer.bench.ceiling import ceiling, chunk_us
+from edgeinfer.bench.ceiling import ceiling, ceiling_lines, chunk_us
 
 # `edgeinfer bench engines --policy large` on the 2-core EPYC VM: packed fp32, two threads (p50 us per pass)
 PACKED_X2 = {"1": 107.42, "2": 121.76, "3": 140.62, "4": 164.07, "5": 195.1, "6": 232.31, "7": 271.6, "8": 309.06,
@@ -43,3 +43,20 @@ def test_the_oracle_bounds_every_measured_drafter(costs, n):
     oracle = ceiling(curve, n)
     partial = ceiling(curve, n, {k: (k + 2) / 2 for k in range(1, len(curve))})
     assert 1.0 <= partial["ratio"] <= oracle["ratio"] + 1e-9
+
+
+def test_the_bench_lines_pair_each_drafter_row_with_its_engines_curve():
+    def row(decode, k, chunk_us, passes, threads):
+        return {"policy": "p", "backend": "packed", "precision": "fp32", "threads": threads, "decode": decode, "k": k,
+                "acceptance": "greedy", "chunk_us_p50": chunk_us, "target_passes_per_chunk": passes, "error": None}
+
+    result = {"data": {"threads": 1},
+              "rows": [{"backend": "packed", "precision": "fp32", "threads": 2, "pass_cost_us_p50": PACKED_X2},
+                       {"backend": "torch", "precision": "fp32", "threads": 1, "pass_cost_us_p50": None}],
+              "ultrafast": {"policies": {"p": {"n_tokens": 48}},
+                            "rows": [row("target-only", None, 4961.0, 48, 2), row("learned", 4, 5588.0, 14.3, 2),
+                                     row("learned", 4, 8259.0, 14.3, None)]}}  # threads 1: another engine
+    [line] = ceiling_lines(result)
+    assert line.startswith("p: ceiling of speculation on packed fp32 x2 threads")
+    assert "learned k=4 (3.53 tokens per verify pass)" in line and "measured x0.89" in line
+    assert line.count("learned") == 1

@@ -12,14 +12,14 @@ from rich.console import Console
 from edgeinfer.control.buffer import ChunkBuffer
 from edgeinfer.core.scheduler import SchedulerConfig
 from edgeinfer.core.wire import RUNGS, ActionChunk, JointCommand, Observation, decode, encode
-from edgeinfer.engines.dct_tokenizer import DctTokenizer, constant_velocity_rad
-from edgeinfer.engines.paths import DCT_POLICY, DEFAULT_POLICY
+from edgeinfer.engines.models.dct_tokenizer import DctTokenizer, constant_velocity_rad
+from edgeinfer.engines.models.paths import DCT_POLICY, DEFAULT_POLICY
 from edgeinfer.logs.arm_log import synthetic_log, write_schunk
 from edgeinfer.node.faults import FaultConfig
 from edgeinfer.node.runtime import PolicyRuntime, RuntimeConfig
-from edgeinfer.sim.config import ReplayConfig
 from edgeinfer.sim.received import RUNG_CODE, RUNG_NAMES, Chunks, Commands
 from edgeinfer.sim.replay import replay
+from edgeinfer.sim.run_config import ReplayConfig
 
 MS = 1_000_000
 SCHUNK_LOG = Path(__file__).resolve().parents[2] / "shared" / "data" / "schunk_lwa4p" / "measurement_1"
@@ -187,8 +187,8 @@ def test_a_dct_draft_is_the_constant_velocity_chunk_and_a_step_draft_keeps_its_v
     constant-velocity chunk, which a verified part of coefficient 0 would shift at every step); a step chunk keeps its
     verified tokens and the drafter's after them."""
     from edgeinfer.core.speculative import DecodeResult
-    from edgeinfer.engines.drafters import make_drafter
-    from edgeinfer.engines.served import load_served_policy
+    from edgeinfer.engines.models.drafters import make_drafter
+    from edgeinfer.engines.models.served import load_served_policy
     from edgeinfer.node.runtime import build_chunk, chunk_rung
 
     q = np.linspace(-0.5, 0.5, 6)

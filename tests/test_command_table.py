@@ -56,8 +56,8 @@ def test_every_command_help_lists_every_field_of_its_configs(path, monkeypatch, 
 
 def test_the_commands_that_had_hand_written_parsers_keep_their_option_names_and_defaults():
     from edgeinfer.bench.engines import EnginesBenchConfig
-    from edgeinfer.bench.spec import KS, SpecBenchConfig
-    from edgeinfer.bench.transport import TransportBenchConfig
+    from edgeinfer.bench.speculation import KS, SpecBenchConfig
+    from edgeinfer.bench.transport_costs import TransportBenchConfig
     from edgeinfer.entry_points import CompareConfig
 
     assert parse(SpecBenchConfig, ["--ks", "2,3", "--no-peer", "--drafters", "early-exit"], "t") == SpecBenchConfig(
@@ -73,7 +73,7 @@ def test_the_commands_that_had_hand_written_parsers_keep_their_option_names_and_
 
 
 def test_a_tuple_option_is_one_comma_separated_value_and_round_trips(capsys):
-    from edgeinfer.bench.spec import SpecBenchConfig
+    from edgeinfer.bench.speculation import SpecBenchConfig
 
     cfg = SpecBenchConfig(ks=(1, 4), drafters=("kinematic", "learned"))
     argv = to_argv(cfg)
@@ -89,7 +89,7 @@ def test_a_tuple_option_is_one_comma_separated_value_and_round_trips(capsys):
 
 def test_the_transformers_peer_parses_from_its_config():
     pytest.importorskip("torch")
-    from edgeinfer.engines.hf_peer import HfPeerConfig
+    from edgeinfer.engines.peers.hf_peer import HfPeerConfig
 
     assert parse(HfPeerConfig, ["--max-new-tokens", "16", "--json", "x.json"], "t") == HfPeerConfig(
         max_new_tokens=16, json=Path("x.json"))
@@ -118,11 +118,12 @@ def test_the_layers_contract_sees_every_command_link():
     now: the graph has them, and none of core, procs or launch names a module above it in a string."""
     graph = grimp.build_graph("edgeinfer")
     imported = graph.find_modules_directly_imported_by("edgeinfer.entry_points")
-    for module in ("edgeinfer.sim.config", "edgeinfer.node.runtime", "edgeinfer.core.transport", "edgeinfer.launch",
-                   "edgeinfer.control.loop", "edgeinfer.engines.fit_config", "edgeinfer.engines.build",
-                   "edgeinfer.sim.hil", "edgeinfer.sim.sweep", "edgeinfer.bench.suite", "edgeinfer.bench.spec",
-                   "edgeinfer.bench.engines", "edgeinfer.bench.transport", "edgeinfer.bench.anytime",
-                   "edgeinfer.bench.fleet", "edgeinfer.node.serve"):
+    for module in ("edgeinfer.sim.run_config", "edgeinfer.node.runtime", "edgeinfer.core.transport", "edgeinfer.launch",
+                   "edgeinfer.control.loop", "edgeinfer.engines.training.fit_config",
+                   "edgeinfer.engines.backends.build", "edgeinfer.sim.hil", "edgeinfer.sim.sweep",
+                   "edgeinfer.bench.suite", "edgeinfer.bench.speculation", "edgeinfer.bench.engines",
+                   "edgeinfer.bench.transport_costs", "edgeinfer.bench.anytime", "edgeinfer.bench.fleet_capacity",
+                   "edgeinfer.node.serve"):
         assert module in imported, module
     assert "edgeinfer.entry_points" in graph.find_modules_directly_imported_by("edgeinfer.cli")
     root = Path(cli.__file__).parent

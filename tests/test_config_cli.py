@@ -23,7 +23,7 @@ from edgeinfer.core.config import (
 from edgeinfer.core.scheduler import SchedulerConfig
 from edgeinfer.launch import LaunchConfig
 from edgeinfer.node.runtime import RuntimeConfig
-from edgeinfer.sim.config import ReplayConfig
+from edgeinfer.sim.run_config import ReplayConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -294,8 +294,8 @@ def test_replay_and_hil_share_their_robot_side_fields_and_defaults():
     only the output folder differs on purpose (a hil run must not overwrite a replay's report)."""
     from edgeinfer.control.safety import CommandConfig
     from edgeinfer.node.controller import ControllerConfig
-    from edgeinfer.sim.config import SessionConfig
     from edgeinfer.sim.hil import HilConfig
+    from edgeinfer.sim.run_config import SessionConfig
 
     hil, replay = HilConfig(endpoint="tcp://127.0.0.1:40000"), ReplayConfig()
     for f in dataclasses.fields(SessionConfig):

@@ -16,8 +16,8 @@ from edgeinfer.logs import read_log
 from edgeinfer.logs.arm_log import ArmLog, LogError, read_schunk, write_schunk
 from edgeinfer.logs.csv_log import parse_columns, read_text
 from edgeinfer.logs.samples import backward_differences
-from edgeinfer.sim.config import LogSourceConfig
 from edgeinfer.sim.pacing import replayer_section
+from edgeinfer.sim.run_config import LogSourceConfig
 from edgeinfer.sim.schedule import gap_report, observation_stream, tick_grid
 
 START = np.datetime64("2022-10-26T08:17:21.847", "ns")  # UTC, the export's first record

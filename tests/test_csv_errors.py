@@ -14,7 +14,7 @@ import pytest
 from edgeinfer.logs import read_log
 from edgeinfer.logs.arm_log import ArmLog, LogError
 from edgeinfer.logs.samples import Records
-from edgeinfer.sim.config import LogSourceConfig
+from edgeinfer.sim.run_config import LogSourceConfig
 
 N = 40
 T_S = np.arange(N) * 0.004  # 250 Hz

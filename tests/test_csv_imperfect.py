@@ -138,8 +138,8 @@ def test_an_export_with_empty_cells_and_a_two_hour_gap_replays_in_seconds(tmp_pa
     # gap must not be waited out in real time, and the empty cells must not stop the reader
     from rich.console import Console
 
-    from edgeinfer.sim.config import ReplayConfig
     from edgeinfer.sim.replay import replay
+    from edgeinfer.sim.run_config import ReplayConfig
 
     rate, n = 250.0, 1000
     t = np.arange(n) / rate
@@ -165,7 +165,7 @@ def test_an_export_with_empty_cells_and_a_two_hour_gap_replays_in_seconds(tmp_pa
 def test_training_windows_never_cross_a_gap():
     # a training target across a 3 h gap is a jump no robot makes (1.59 rad against 0.13 in a real export): such
     # windows are left out, the ones within each segment kept
-    from edgeinfer.engines.dataset import chunk_windows
+    from edgeinfer.engines.training.dataset import chunk_windows
 
     n, horizon, stride = 200, 8, 5
     t_s = np.arange(n) * 0.004

@@ -8,12 +8,12 @@ import pytest
 import torch
 
 from edgeinfer.core.speculative import FixedK, speculative_decode
-from edgeinfer.engines.dct_tokenizer import DctTokenizer
-from edgeinfer.engines.drafters import DctKinematicDrafter, KinematicDrafter, make_drafter
-from edgeinfer.engines.evaluate import greedy_decode_batch
-from edgeinfer.engines.paths import DCT_DRAFT, DCT_POLICY, DEFAULT_POLICY
-from edgeinfer.engines.policy import load_policy
-from edgeinfer.engines.torch_engine import TorchEngine
+from edgeinfer.engines.backends.torch_engine import TorchEngine
+from edgeinfer.engines.models.dct_tokenizer import DctTokenizer
+from edgeinfer.engines.models.drafters import DctKinematicDrafter, KinematicDrafter, make_drafter
+from edgeinfer.engines.models.paths import DCT_DRAFT, DCT_POLICY, DEFAULT_POLICY
+from edgeinfer.engines.models.policy import load_policy
+from edgeinfer.engines.training.evaluate import greedy_decode_batch
 
 NAMES = ("kinematic", "early-exit", "learned")
 

@@ -1,5 +1,5 @@
-"""DCT action tokens (engines/dct_tokenizer.py): the departure from the constant-velocity chunk round-trips within
-half a bin per coefficient, every prefix decodes within the documented bound (filled by the least acceleration),
+"""DCT action tokens (engines/models/dct_tokenizer.py): the departure from the constant-velocity chunk round-trips
+within half a bin per coefficient, every prefix decodes within the documented bound (filled by the least acceleration),
 coefficient-major order, state round trip (a manifest whose tokens are about anything else refused), the increment
 required, dispatch by "kind"."""
 import json
@@ -10,10 +10,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy.fft import dct
 
-from edgeinfer.engines.bins import fitted_range
-from edgeinfer.engines.dct_tokenizer import DctTokenizer, completion_gain, constant_velocity_rad, dct_rad
-from edgeinfer.engines.paths import DCT_POLICY, DEFAULT_POLICY
-from edgeinfer.engines.tokenizer import ActionTokenizer, decode_chunk, encode_chunk, tokenizer_from_state
+from edgeinfer.engines.models.bins import fitted_range
+from edgeinfer.engines.models.dct_tokenizer import DctTokenizer, completion_gain, constant_velocity_rad, dct_rad
+from edgeinfer.engines.models.paths import DCT_POLICY, DEFAULT_POLICY
+from edgeinfer.engines.models.tokenizer import ActionTokenizer, decode_chunk, encode_chunk, tokenizer_from_state
 
 H, D = 8, 3
 
@@ -126,7 +126,7 @@ def test_state_dict_round_trip_and_dispatch(fitted):
 def test_a_manifest_not_about_constant_velocity_is_refused_naming_the_field(tmp_path):
     """Tokens of anything but the departure from constant velocity (no "about", or "rest") do not decode here:
     loading the manifest fails with one ValueError naming the file, the field and what to do (retrain)."""
-    from edgeinfer.engines.policy import load_policy
+    from edgeinfer.engines.models.policy import load_policy
 
     manifest = json.loads(DCT_POLICY.read_text())
     (tmp_path / manifest["weights"]).write_bytes((DCT_POLICY.parent / manifest["weights"]).read_bytes())
@@ -228,7 +228,7 @@ def test_a_coarse_chunk_is_right_where_the_arm_acts(fitted):
 
 
 def test_load_policy_refuses_a_tokenizer_that_does_not_fit_the_config(tmp_path):
-    from edgeinfer.engines.policy import load_policy
+    from edgeinfer.engines.models.policy import load_policy
 
     manifest = json.loads(DEFAULT_POLICY.read_text())
     (tmp_path / manifest["weights"]).write_bytes((DEFAULT_POLICY.parent / manifest["weights"]).read_bytes())
@@ -244,9 +244,9 @@ def test_load_policy_refuses_a_tokenizer_that_does_not_fit_the_config(tmp_path):
 
 
 def test_train_and_distill_with_dct_tokens(tmp_path):
-    from edgeinfer.engines.distill import DistillConfig, distill
-    from edgeinfer.engines.policy import load_policy
-    from edgeinfer.engines.train import TrainConfig, train
+    from edgeinfer.engines.models.policy import load_policy
+    from edgeinfer.engines.training.distill import DistillConfig, distill
+    from edgeinfer.engines.training.train import TrainConfig, train
 
     logs = tmp_path / "logs"
     logs.mkdir()
@@ -278,8 +278,8 @@ def test_a_corrupt_dct_manifest_is_refused_naming_the_file_and_what_is_wrong(tmp
     import json
     import shutil
 
-    from edgeinfer.engines.paths import DCT_POLICY
-    from edgeinfer.engines.policy import load_policy
+    from edgeinfer.engines.models.paths import DCT_POLICY
+    from edgeinfer.engines.models.policy import load_policy
 
     m = json.loads(DCT_POLICY.read_text())
     edit(m)

@@ -8,11 +8,11 @@ import pytest
 import torch
 
 from edgeinfer.core.speculative import FixedK, speculative_decode
-from edgeinfer.engines.cache import EngineCache
-from edgeinfer.engines.drafters import DEFAULT_DRAFT, DRAFTERS, ModelDrafter, default_backend, make_drafter
-from edgeinfer.engines.evaluate import greedy_decode_batch
-from edgeinfer.engines.policy import load_policy
-from edgeinfer.engines.torch_engine import TorchEngine
+from edgeinfer.engines.backends.cache import EngineCache
+from edgeinfer.engines.backends.torch_engine import TorchEngine
+from edgeinfer.engines.models.drafters import DEFAULT_DRAFT, DRAFTERS, ModelDrafter, default_backend, make_drafter
+from edgeinfer.engines.models.policy import load_policy
+from edgeinfer.engines.training.evaluate import greedy_decode_batch
 
 NAMES = ("kinematic", "early-exit", "learned")
 
@@ -148,8 +148,8 @@ def test_the_learned_drafter_is_the_one_beside_the_policys_manifest(tmp_path):
     """Each policy's learned drafter is its own distilled draft (<name>_draft.json beside <name>_target.json), so
     `--drafter learned` and `auto` work for the DCT policy; a policy without one is refused naming the file and
     the command, and auto leaves it out."""
-    from edgeinfer.engines.drafters import applicable_drafters, draft_path
-    from edgeinfer.engines.paths import DCT_DRAFT, DCT_POLICY, LARGE_POLICY
+    from edgeinfer.engines.models.drafters import applicable_drafters, draft_path
+    from edgeinfer.engines.models.paths import DCT_DRAFT, DCT_POLICY, LARGE_POLICY
 
     dct = load_policy(DCT_POLICY)
     assert draft_path(dct) == DCT_DRAFT and draft_path(load_policy()) == DEFAULT_DRAFT
@@ -170,7 +170,7 @@ def test_learned_drafts_in_one_greedy_run_are_the_draft_models_greedy_tokens():
     """The large policy's learned drafter drafts autoregressively in one greedy_run call per proposal and keeps what
     that run fed in its cache. After any number of its drafts is kept and a correction appended, its next drafts are
     still the draft model's own greedy continuation (here against the model in torch, cache-free)."""
-    from edgeinfer.engines.paths import LARGE_POLICY
+    from edgeinfer.engines.models.paths import LARGE_POLICY
 
     large = load_policy(LARGE_POLICY)
     drafter = make_drafter("learned", large)

@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from edgeinfer.engines.cache import EngineCache, engine_key, engine_key_fields
+from edgeinfer.engines.backends.cache import EngineCache, engine_key, engine_key_fields
 
 PLAN = b"plan bytes " * 100
 

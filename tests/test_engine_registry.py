@@ -5,13 +5,13 @@ import sys
 
 import pytest
 
-from edgeinfer.engines.build import load_engine
-from edgeinfer.engines.calibration import sample_windows
-from edgeinfer.engines.engine import BACKENDS, engine_class, unavailable_reason
+from edgeinfer.engines.backends.build import load_engine
+from edgeinfer.engines.backends.calibration import sample_windows
+from edgeinfer.engines.backends.engine import BACKENDS, engine_class, unavailable_reason
 
 
 def test_importing_the_runtime_imports_no_backend_library():
-    code = ("import sys, edgeinfer.node.runtime, edgeinfer.engines.engine, edgeinfer.engines.build; "
+    code = ("import sys, edgeinfer.node.runtime, edgeinfer.engines.backends.engine, edgeinfer.engines.backends.build; "
             "print(sorted(m for m in ('onnxruntime', 'onnx', 'tensorrt', 'modelopt', 'numba') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
@@ -31,9 +31,9 @@ def test_unavailable_backends_say_why(policy):
 @pytest.mark.skipif(unavailable_reason("tensorrt", "cuda") is not None,
                     reason=f"tensorrt: {unavailable_reason('tensorrt', 'cuda')}")
 def test_tensorrt_fp8_engine_passes_the_quality_gate(policy, schunk_dir, tmp_path):
-    from edgeinfer.engines.cache import EngineCache
-    from edgeinfer.engines.quality import engine_quality
-    from edgeinfer.engines.trt_engine import TrtEngine
+    from edgeinfer.engines.backends.cache import EngineCache
+    from edgeinfer.engines.backends.quality import engine_quality
+    from edgeinfer.engines.backends.trt_engine import TrtEngine
 
     engine = TrtEngine.from_policy(policy, "fp8", "cuda", cache=EngineCache(tmp_path))
     feats, offsets, _ = sample_windows(policy, 64, 0, schunk_dir, require_real=True)

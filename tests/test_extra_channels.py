@@ -416,7 +416,7 @@ units = "rad"
 
 
 def _spec(tmp_path: Path, text: str = SPEC, weight=None):
-    from edgeinfer.engines.byo import ByoSpec
+    from edgeinfer.engines.models.byo import ByoSpec
 
     pytest.importorskip("onnxruntime")
     _linear_onnx(tmp_path / "p.onnx", 7, 2, weight)
@@ -425,7 +425,7 @@ def _spec(tmp_path: Path, text: str = SPEC, weight=None):
 
 
 def test_byo_channel_and_phase_fields(tmp_path):
-    from edgeinfer.engines.byo import ByoPolicy, ByoRuntime
+    from edgeinfer.engines.models.byo import ByoPolicy, ByoRuntime
 
     weight = np.zeros((7, 2))
     weight[5, 0] = weight[6, 1] = 1.0  # the policy's action is the phase clock: its targets show what it got
@@ -450,7 +450,7 @@ def test_byo_channel_and_phase_fields(tmp_path):
 
 
 def test_byo_observation_without_a_channel_is_a_mismatch(tmp_path):
-    from edgeinfer.engines.byo import ByoRuntime
+    from edgeinfer.engines.models.byo import ByoRuntime
 
     _spec(tmp_path)
     runtime = ByoRuntime(tmp_path / "p.toml")

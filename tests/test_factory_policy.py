@@ -1,4 +1,4 @@
-"""Bring your own autoregressive policy through a factory manifest (engines/factory.py): the example llama-style
+"""Bring your own autoregressive policy through a factory manifest (engines/models/factory.py): the example llama-style
 policy (examples/llama_policy/), trained here for a few steps on the embedded synthetic log, decodes
 speculatively token for token as target-only, in-process and through `edgeinfer replay`; factories whose model
 breaks the rollback contract are refused at load, naming the clause."""
@@ -15,12 +15,12 @@ import torch
 
 from edgeinfer.core.scheduler import SchedulerConfig
 from edgeinfer.core.speculative import FixedK, speculative_decode
-from edgeinfer.engines.drafters import make_drafter
-from edgeinfer.engines.factory import PROBE_STATES, FactoryPolicy, probe_states
-from edgeinfer.engines.model_protocol import TorchModuleEngine
-from edgeinfer.engines.policy import load_policy
-from edgeinfer.engines.protocol_check import ProtocolViolation, check_speculative
-from edgeinfer.engines.served import load_served_policy
+from edgeinfer.engines.models.drafters import make_drafter
+from edgeinfer.engines.models.factory import PROBE_STATES, FactoryPolicy, probe_states
+from edgeinfer.engines.models.model_protocol import TorchModuleEngine
+from edgeinfer.engines.models.policy import load_policy
+from edgeinfer.engines.models.protocol_check import ProtocolViolation, check_speculative
+from edgeinfer.engines.models.served import load_served_policy
 from edgeinfer.logs.arm_log import synthetic_log
 from edgeinfer.node.controller import Controller, ControllerConfig
 from edgeinfer.node.runtime import PolicyRuntime, RuntimeConfig

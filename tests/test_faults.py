@@ -11,8 +11,8 @@ import zmq
 from edgeinfer.core import transport
 from edgeinfer.core.config import add_options, build, load_launch
 from edgeinfer.core.wire import Observation, encode
-from edgeinfer.sim.config import ReplayConfig
-from edgeinfer.sim.faults import FaultInjector, NetworkFaultConfig, parse_delay
+from edgeinfer.sim.network_faults import FaultInjector, NetworkFaultConfig, parse_delay
+from edgeinfer.sim.run_config import ReplayConfig
 
 
 def _obs(i: int) -> list:

@@ -1,4 +1,4 @@
-"""Adversarial observations (sim/faults.py, NetworkFaultConfig.adversarial_rate): hostile but valid observations
+"""Adversarial observations (sim/network_faults.py, NetworkFaultConfig.adversarial_rate): hostile but valid observations
 in place of some of a real log's, seeded by row; and a replay of the Schunk log with them, through the real
 runtime and control loop, that never commands the arm outside its limits and counts every one."""
 from pathlib import Path
@@ -8,9 +8,9 @@ import pytest
 from rich.console import Console
 
 from edgeinfer.core import wire
-from edgeinfer.sim.config import ReplayConfig
-from edgeinfer.sim.faults import ADVERSARIAL, FaultInjector, NetworkFaultConfig, adversarial_observation
+from edgeinfer.sim.network_faults import ADVERSARIAL, FaultInjector, NetworkFaultConfig, adversarial_observation
 from edgeinfer.sim.replay import replay
+from edgeinfer.sim.run_config import ReplayConfig
 
 SCHUNK_LOG = Path(__file__).resolve().parents[2] / "shared" / "data" / "schunk_lwa4p" / "measurement_1"
 

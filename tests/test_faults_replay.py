@@ -11,8 +11,8 @@ from edgeinfer.control.loop import ControlConfig
 from edgeinfer.logs.arm_log import synthetic_log, write_schunk
 from edgeinfer.node.faults import FaultConfig
 from edgeinfer.node.runtime import RuntimeConfig
-from edgeinfer.sim.config import ReplayConfig
 from edgeinfer.sim.replay import replay
+from edgeinfer.sim.run_config import ReplayConfig
 from edgeinfer.sim.supervisor import GARBAGE_KINDS
 
 pytestmark = pytest.mark.slow

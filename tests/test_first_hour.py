@@ -232,7 +232,7 @@ def test_fleet_doc_says_robot_records_are_written_on_every_run():
 
 
 def test_fleet_bench_banner_bounds_the_settle_wait():
-    from edgeinfer.bench.fleet import POINT_OVERHEAD_S, FleetBenchConfig, plan_line
+    from edgeinfer.bench.fleet_capacity import POINT_OVERHEAD_S, FleetBenchConfig, plan_line
 
     cfg = FleetBenchConfig()
     line = plan_line(cfg)

@@ -123,9 +123,9 @@ def test_an_invalid_slo_fails_the_replay(tmp_path):
 
 
 def test_train_and_distill_help_import_no_torch():
-    """`edgeinfer train --help` took 4 s: its config imported torch. The configs live in engines/fit_config.py, which
-    imports no torch (nor does the command table, nor the data loaders)."""
-    code = ("import sys, edgeinfer.engines.fit_config, edgeinfer.core.commands; "
+    """`edgeinfer train --help` took 4 s: its config imported torch. The configs live in engines/training/fit_config.py,
+    which imports no torch (nor does the command table, nor the data loaders)."""
+    code = ("import sys, edgeinfer.engines.training.fit_config, edgeinfer.core.commands; "
             "print(sorted(m for m in ('torch', 'onnxruntime', 'numba') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr

@@ -1,6 +1,6 @@
-"""The fleet runtime node (edgeinfer/node/fleet.py): its robot table's rules on given times, and a real node process
-serving DEALER robots over a real socket (joins, admission, chunks to their robot only, malformed frames, a robot
-lost after its lease while another is served, a restart, refusal when the slots are full)."""
+"""The fleet runtime node (edgeinfer/node/fleet_node.py): its robot table's rules on given times, and a real node
+process serving DEALER robots over a real socket (joins, admission, chunks to their robot only, malformed frames, a
+robot lost after its lease while another is served, a restart, refusal when the slots are full)."""
 from __future__ import annotations
 
 import dataclasses
@@ -127,10 +127,10 @@ class FakeBatched:
 
 
 def _batched_decoder(**scheduling):
-    from edgeinfer.core.fleet import FleetPolicy
-    from edgeinfer.engines.drafters import make_drafter
-    from edgeinfer.engines.paths import DEFAULT_POLICY
-    from edgeinfer.engines.served import load_served_policy
+    from edgeinfer.core.fleet_batching import FleetPolicy
+    from edgeinfer.engines.models.drafters import make_drafter
+    from edgeinfer.engines.models.paths import DEFAULT_POLICY
+    from edgeinfer.engines.models.served import load_served_policy
     from edgeinfer.node.fleet_decode import BatchedDecoder
 
     policy = load_served_policy(DEFAULT_POLICY)
@@ -249,8 +249,8 @@ def test_node_serves_each_robot_its_own_chunks_through_faults(tmp_path, batching
     fatal; b falls silent, is dropped after its lease while a keeps getting chunks, and c is admitted in its
     slot; a restarts (Join again) and is served on; c leaves (Stop); the controller's Stop ends the run with a
     report."""
-    from edgeinfer.engines.paths import DEFAULT_POLICY
-    from edgeinfer.engines.served import load_served_policy
+    from edgeinfer.engines.models.paths import DEFAULT_POLICY
+    from edgeinfer.engines.models.served import load_served_policy
 
     state = load_served_policy(DEFAULT_POLICY).warmup_state()
     endpoint, report = f"tcp://127.0.0.1:{_free_port()}", tmp_path / "fleet.json"
@@ -338,8 +338,8 @@ def test_serve_fleet_answers_a_hello_probe_and_exits_when_idle(tmp_path):
     probe); with no robot and no message for idle_timeout_s it returns on its own, its report saying why."""
     import threading
 
-    from edgeinfer.core.fleet import FleetPolicy
-    from edgeinfer.node.fleet import serve_fleet
+    from edgeinfer.core.fleet_batching import FleetPolicy
+    from edgeinfer.node.fleet_node import serve_fleet
 
     cfg = FleetConfig(endpoint=f"tcp://127.0.0.1:{_free_port()}", backend="torch", warmup=False, idle_timeout_s=0.3,
                       report=tmp_path / "fleet.json", scheduling=FleetPolicy(batching=False))
@@ -366,8 +366,8 @@ def test_a_join_read_after_a_stall_takes_the_slot_of_a_robot_silent_past_its_lea
     iteration a's lease is checked before c's Join is answered, so c gets the only slot. A robot whose message was
     queued during the stall keeps its lease (every queued message is read first). Before that, a Join whose budget
     the one-at-a-time planner cannot plan (below its margin) is refused with the reason, not admitted to crash it."""
-    from edgeinfer.core.fleet import FleetPolicy
-    from edgeinfer.node.fleet import FleetNode
+    from edgeinfer.core.fleet_batching import FleetPolicy
+    from edgeinfer.node.fleet_node import FleetNode
 
     cfg = FleetConfig(endpoint=f"tcp://127.0.0.1:{_free_port()}", backend="torch", warmup=False, n_slots=2,
                       robot_lease_ms=200, scheduling=FleetPolicy(batching=False))

@@ -280,7 +280,7 @@ def test_four_robots_on_different_real_logs_get_the_chunks_each_gets_alone(tmp_p
 
 
 def test_a_robot_joining_and_one_killed_mid_run_do_not_disturb_the_others(tmp_path):
-    from edgeinfer.core.fleet import FleetPolicy
+    from edgeinfer.core.fleet_batching import FleetPolicy
 
     # 3 slots, admitted while one is free: robot03 (joining at 1.2 s) is served only if the slot of robot02
     # (SIGKILLed at 0.5 s) was freed

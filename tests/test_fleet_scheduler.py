@@ -1,13 +1,14 @@
-"""The fleet scheduler (core/fleet.py) on an injected clock: every robot's tokens are its own greedy tokens whatever
-the batch, EDF order, k turning down as the batch grows, deadline cuts at row boundaries, admission with its reason."""
+"""The fleet scheduler (core/fleet_batching.py) on an injected clock: every robot's tokens are its own greedy tokens
+whatever the batch, EDF order, k turning down as the batch grows, deadline cuts at row boundaries, admission with its
+reason."""
 import numpy as np
 import pytest
 
-from edgeinfer.core.fleet import FleetPolicy, FleetScheduler, PassCosts, Request, expected_tokens
+from edgeinfer.core.fleet_batching import FleetPolicy, FleetScheduler, PassCosts, Request, expected_tokens
 from edgeinfer.core.speculative import ChunkDecode, FixedK, speculative_decode
 from edgeinfer.core.wire import Join
-from edgeinfer.engines.drafters import make_drafter
-from edgeinfer.engines.torch_engine import TorchEngine
+from edgeinfer.engines.backends.torch_engine import TorchEngine
+from edgeinfer.engines.models.drafters import make_drafter
 
 MS = 1_000_000
 
@@ -219,8 +220,8 @@ def test_a_robots_newer_chunk_waits_for_its_running_one_and_resets_its_drafter_o
 
 
 def test_target_only_rows_on_the_batched_fused_engine_give_each_robots_own_tokens(policy, held_out):
-    from edgeinfer.engines.batched import open_batched
-    from edgeinfer.engines.fused_engine import FusedEngine
+    from edgeinfer.engines.backends.batched import open_batched
+    from edgeinfer.engines.backends.fused_engine import FusedEngine
 
     engine = open_batched(policy, "fused", 4)
     calls = []
@@ -245,8 +246,8 @@ def test_rows_run_several_to_a_call_within_call_ms_and_every_deadline(policy, he
     """A lone robot's target-only chunk: one call for every row after its prefill when call_ms allows it (a
     scheduler iteration per row is Python the robot waits for); a row per call with call_ms 0; a short call_ms
     or a tight deadline stops at a row boundary. The tokens are the same every way."""
-    from edgeinfer.engines.batched import open_batched
-    from edgeinfer.engines.fused_engine import FusedEngine
+    from edgeinfer.engines.backends.batched import open_batched
+    from edgeinfer.engines.backends.fused_engine import FusedEngine
 
     d, n = policy.cfg.n_joints, policy.cfg.n_tokens
     want = FusedEngine(policy.model).greedy_chunk(_robot_obs(policy, held_out, 0)[3])

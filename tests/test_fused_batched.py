@@ -1,5 +1,5 @@
-"""The batched fused engine (engines/fused_batched.py) is batch-invariant: a sequence's logits are bit-identical
-alone, in any batch (its number, slots, positions, verify lengths) and in FusedEngine, on held-out Schunk
+"""The batched fused engine (engines/backends/fused_batched.py) is batch-invariant: a sequence's logits are
+bit-identical alone, in any batch (its number, slots, positions, verify lengths) and in FusedEngine, on held-out Schunk
 observations; its greedy tokens equal FusedEngine's and torch fp32's; it computes the model's pass for other
 shapes; bad passes are refused with errors that name the slot."""
 import dataclasses
@@ -11,11 +11,11 @@ import torch
 pytest.importorskip("numba")
 
 from edgeinfer.core.protocols import Pass  # noqa: E402
-from edgeinfer.engines.batched import open_batched  # noqa: E402
-from edgeinfer.engines.evaluate import greedy_decode_batch  # noqa: E402
-from edgeinfer.engines.fused_batched import BatchedFusedEngine  # noqa: E402
-from edgeinfer.engines.fused_engine import FusedEngine  # noqa: E402
-from edgeinfer.engines.model import ActionTransformer  # noqa: E402
+from edgeinfer.engines.backends.batched import open_batched  # noqa: E402
+from edgeinfer.engines.backends.fused_batched import BatchedFusedEngine  # noqa: E402
+from edgeinfer.engines.backends.fused_engine import FusedEngine  # noqa: E402
+from edgeinfer.engines.models.model import ActionTransformer  # noqa: E402
+from edgeinfer.engines.training.evaluate import greedy_decode_batch  # noqa: E402
 
 N_CHUNKS = 120
 N_SLOTS = 32

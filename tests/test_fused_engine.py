@@ -14,13 +14,13 @@ import torch
 pytest.importorskip("numba")
 
 from edgeinfer.core.speculative import FixedK, speculative_decode  # noqa: E402
-from edgeinfer.engines.build import load_engine  # noqa: E402
-from edgeinfer.engines.drafters import KinematicDrafter, make_drafter  # noqa: E402
-from edgeinfer.engines.engine import unavailable_reason  # noqa: E402
-from edgeinfer.engines.evaluate import greedy_decode_batch  # noqa: E402
-from edgeinfer.engines.fused_engine import FusedEngine  # noqa: E402
-from edgeinfer.engines.model import ActionTransformer  # noqa: E402
-from edgeinfer.engines.quality import greedy_chunk  # noqa: E402
+from edgeinfer.engines.backends.build import load_engine  # noqa: E402
+from edgeinfer.engines.backends.engine import unavailable_reason  # noqa: E402
+from edgeinfer.engines.backends.fused_engine import FusedEngine  # noqa: E402
+from edgeinfer.engines.backends.quality import greedy_chunk  # noqa: E402
+from edgeinfer.engines.models.drafters import KinematicDrafter, make_drafter  # noqa: E402
+from edgeinfer.engines.models.model import ActionTransformer  # noqa: E402
+from edgeinfer.engines.training.evaluate import greedy_decode_batch  # noqa: E402
 
 FP32_ATOL = 1e-4
 F64_RTOL = F64_ATOL = 1e-6
@@ -130,7 +130,7 @@ def test_refuses_what_it_cannot_run(policy, fused):
         load_engine(policy, "fused", "fp32", "cuda")
     with pytest.raises(ValueError, match="fp32 only"):
         load_engine(policy, "fused", "bf16")
-    with pytest.raises(ValueError, match="ActionTransformer of engines/model.py only, not Linear"):
+    with pytest.raises(ValueError, match="ActionTransformer of engines/models/model.py only, not Linear"):
         FusedEngine(torch.nn.Linear(2, 2))
     n = policy.cfg.seq_len
     with pytest.raises(ValueError, match="does not fit"):
@@ -142,7 +142,7 @@ def test_refuses_what_it_cannot_run(policy, fused):
 def test_kernels_compile_uncached_where_no_cache_folder_is_writable(monkeypatch, capsys):
     """numba raises at decoration when cache=True finds no writable folder (a read-only install and home):
     the engine's kernels then compile without the disk cache instead of failing to import."""
-    from edgeinfer.engines import fused_engine
+    from edgeinfer.engines.backends import fused_engine
 
     def njit(cache=False, **options):
         if cache:

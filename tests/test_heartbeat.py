@@ -13,8 +13,8 @@ from edgeinfer.core.liveliness import GAP_WINDOW, GapWindow, Lease, LinkMonitor
 from edgeinfer.core.telemetry import BUCKET_BOUNDS_US, Telemetry, histogram_quantile_us, stats_summary
 from edgeinfer.core.throttle import NodeLog, Throttle
 from edgeinfer.core.wire import ERROR_KINDS, ErrorEvent, Heartbeat, Observation, Stats, WireError, decode, encode
-from edgeinfer.node.liveliness import RuntimeLiveliness
-from edgeinfer.node.telemetry import NodeTelemetry
+from edgeinfer.node.node_liveliness import RuntimeLiveliness
+from edgeinfer.node.node_telemetry import NodeTelemetry
 
 MS = 1_000_000
 

@@ -1,11 +1,11 @@
-"""INT8 weights (engines/int8.py) for onnxruntime: built through the engine cache under their own key, refused by
-the quality gate past a tight bound and labelled LOSSY; a deliberately damaged engine likewise."""
+"""INT8 weights (engines/backends/int8.py) for onnxruntime: built through the engine cache under their own key, refused
+by the quality gate past a tight bound and labelled LOSSY; a deliberately damaged engine likewise."""
 import pytest
 from rich.console import Console
 
-from edgeinfer.engines import build as build_module
-from edgeinfer.engines.build import BuildConfig, build
-from edgeinfer.engines.torch_engine import TorchEngine
+from edgeinfer.engines.backends import build as build_module
+from edgeinfer.engines.backends.build import BuildConfig, build
+from edgeinfer.engines.backends.torch_engine import TorchEngine
 
 
 def test_int8_engine_is_refused_past_a_tight_bound_and_labelled_lossy(schunk_dir, tmp_path, monkeypatch,

@@ -21,10 +21,10 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from edgeinfer.engines.fused_engine import FusedEngine
-from edgeinfer.engines.llama import Llama, LlamaConfig
-from edgeinfer.engines.model_protocol import TorchModuleEngine
-from edgeinfer.engines.torch_engine import TorchEngine
+from edgeinfer.engines.backends.fused_engine import FusedEngine
+from edgeinfer.engines.backends.torch_engine import TorchEngine
+from edgeinfer.engines.models.llama import Llama, LlamaConfig
+from edgeinfer.engines.models.model_protocol import TorchModuleEngine
 
 MAX_PASS = 17
 ATOL = RTOL = 1e-4
@@ -99,8 +99,8 @@ def ort_case(policy, tmp_path_factory):
     """The onnxruntime engine, exported once (a few seconds) into a temporary engine cache."""
     for lib in ("onnxruntime", "onnx", "onnxscript"):
         pytest.importorskip(lib)
-    from edgeinfer.engines.cache import EngineCache
-    from edgeinfer.engines.ort_engine import OrtEngine
+    from edgeinfer.engines.backends.cache import EngineCache
+    from edgeinfer.engines.backends.ort_engine import OrtEngine
 
     cache = EngineCache(tmp_path_factory.mktemp("engines"))
     return _policy_case(policy, OrtEngine.from_policy(policy, cache=cache, log=lambda line: None))

@@ -51,7 +51,7 @@ def _serve_table(ep: Endpoints) -> str:
 
 def test_shipped_launch_files_parse_and_keep_working_with_replay_launch():
     from edgeinfer.core.config import build, load_launch
-    from edgeinfer.sim.config import ReplayConfig
+    from edgeinfer.sim.run_config import ReplayConfig
 
     launch = ROOT / "launch"
     kinds = {name: [n.command for n in load_nodes(launch / f"{name}.toml")]
@@ -70,9 +70,9 @@ def test_shipped_launch_files_parse_and_keep_working_with_replay_launch():
 
 
 def test_a_replays_process_graph_renders_as_a_launch_file_that_starts_the_same_nodes(tmp_path):
-    from edgeinfer.procs.spec import to_toml
-    from edgeinfer.sim.config import ReplayConfig
+    from edgeinfer.procs.node_spec import to_toml
     from edgeinfer.sim.replay import replay_nodes
+    from edgeinfer.sim.run_config import ReplayConfig
 
     cfg = ReplayConfig(out=tmp_path / "out", fork_nodes=True)
     cfg.runtime.scheduler.budget_ms = 7.5

@@ -36,4 +36,4 @@ def test_the_graph_sees_every_subpackage():
     graph = grimp.build_graph("edgeinfer")
     for sub in ("core", "logs", "engines", "control", "node", "procs", "sim", "bench"):
         assert graph.find_children(f"edgeinfer.{sub}"), sub
-    assert "edgeinfer.engines.policy" in graph.modules
+    assert "edgeinfer.engines.models.policy" in graph.modules

@@ -10,8 +10,8 @@ from edgeinfer.control.loop import ControlConfig
 from edgeinfer.control.safety import SafetyLimits
 from edgeinfer.core.transport import Endpoints
 from edgeinfer.logs.arm_log import synthetic_log
-from edgeinfer.sim.config import ReplayConfig
 from edgeinfer.sim.preflight import check_run_fits, policy_shape
+from edgeinfer.sim.run_config import ReplayConfig
 
 
 def _alive(pid: int) -> bool:
@@ -77,8 +77,8 @@ assert "torch" not in sys.modules, "torch was imported"
 def test_node_group_tears_down_a_node_and_a_descendant_that_left_its_group(tmp_path):
     import psutil
 
+    from edgeinfer.procs.node_spec import NodeSpec
     from edgeinfer.procs.nodes import NodeGroup, kill_tree
-    from edgeinfer.procs.spec import NodeSpec
 
     said = []
     with NodeGroup(grace_s=10.0, say=lambda node, text, style: said.append((node.name, text))) as group:
@@ -101,8 +101,8 @@ def test_node_group_tears_down_a_node_and_a_descendant_that_left_its_group(tmp_p
 
 
 def test_a_node_that_dies_during_start_up_is_named_with_its_log(tmp_path):
+    from edgeinfer.procs.node_spec import NodeSpec
     from edgeinfer.procs.nodes import NodeGroup
-    from edgeinfer.procs.spec import NodeSpec
 
     with NodeGroup() as group:
         node = group.start(NodeSpec("control", (), "ctl", tmp_path / "ctl.log"))  # no endpoints: argparse exits 2

@@ -192,8 +192,8 @@ def test_a_replay_with_limits_the_log_leaves_commands_inside_them(tmp_path):
     # the red team's replay: --q-max-rad 1.0 3 3 3 3 3 on a log whose joint 0 passes 1 rad reported 7 commands
     # outside the limits and exited 0
     from edgeinfer.logs.arm_log import synthetic_log, write_schunk
-    from edgeinfer.sim.config import ReplayConfig
     from edgeinfer.sim.replay import replay
+    from edgeinfer.sim.run_config import ReplayConfig
 
     log = synthetic_log(seconds=2.0)
     log.q_rad[:, 0] += 1.0 - log.q_rad[0, 0] + 0.2  # joint 0 starts (and stays a while) outside [-3, 1]

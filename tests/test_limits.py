@@ -16,8 +16,8 @@ from edgeinfer.control.limits import DEFAULT_SOURCE, JointCountError, LimitsErro
 from edgeinfer.control.safety import SafetyLimits
 from edgeinfer.control.urdf_limits import UrdfError, read_urdf_limits
 from edgeinfer.logs.arm_log import ArmLog, synthetic_log
-from edgeinfer.sim.config import ReplayConfig
 from edgeinfer.sim.preflight import check_run_fits, policy_shape
+from edgeinfer.sim.run_config import ReplayConfig
 
 URDF = Path(__file__).resolve().parents[2] / "shared" / "data" / "urdf"
 LWA4P, REACHY2 = URDF / "lwa4p" / "lwa4p_generated.urdf", URDF / "reachy2" / "reachy2.urdf"

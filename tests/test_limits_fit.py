@@ -38,9 +38,9 @@ def _tiny_policy(path, limits: dict):
     """An untrained 6-joint policy whose manifest carries fitted `limits` (what `edgeinfer train` writes)."""
     import torch
 
-    from edgeinfer.engines.model import ActionTransformer, PolicyConfig
-    from edgeinfer.engines.policy import Policy
-    from edgeinfer.engines.tokenizer import ActionTokenizer
+    from edgeinfer.engines.models.model import ActionTransformer, PolicyConfig
+    from edgeinfer.engines.models.policy import Policy
+    from edgeinfer.engines.models.tokenizer import ActionTokenizer
 
     torch.manual_seed(0)
     cfg = PolicyConfig(obs_dim=3 * D, n_joints=D, horizon=2, stride_ticks=5, n_bins=8, d_model=16, n_layers=1,
@@ -54,8 +54,8 @@ def _tiny_policy(path, limits: dict):
 @pytest.mark.slow
 def test_a_replay_beyond_the_manifests_fitted_limits_says_so(tmp_path):
     from edgeinfer.logs.arm_log import synthetic_log, write_schunk
-    from edgeinfer.sim.config import ReplayConfig
     from edgeinfer.sim.replay import replay
+    from edgeinfer.sim.run_config import ReplayConfig
 
     log = synthetic_log(seconds=2.0)
     write_schunk(log, tmp_path / "log")

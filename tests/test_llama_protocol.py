@@ -1,4 +1,4 @@
-"""The llama-style model (engines/llama.py) against Hugging Face's LlamaForCausalLM with the same weights,
+"""The llama-style model (engines/models/llama.py) against Hugging Face's LlamaForCausalLM with the same weights,
 and speculative decoding of token-prefix models through the bring-your-own-model adapter."""
 import numpy as np
 import pytest
@@ -6,9 +6,9 @@ import torch
 
 from edgeinfer.core.scheduler import SchedulerConfig, TickPlanner
 from edgeinfer.core.speculative import speculative_decode
-from edgeinfer.engines.hf_peer import HfDecoder, peer_pair
-from edgeinfer.engines.llama import Llama, LlamaConfig, early_exit
-from edgeinfer.engines.model_protocol import EngineDrafter, TorchModuleEngine
+from edgeinfer.engines.models.llama import Llama, LlamaConfig, early_exit
+from edgeinfer.engines.models.model_protocol import EngineDrafter, TorchModuleEngine
+from edgeinfer.engines.peers.hf_peer import HfDecoder, peer_pair
 
 LOGIT_ATOL = 1e-4
 
@@ -100,7 +100,7 @@ def test_append_cache_adapter_matches_static():
     ours = Llama.from_hf(hf)
     static, append = TorchModuleEngine(ours), TorchModuleEngine(HfDecoder(hf))
     assert (append.prefix_kind, append.cache_kind) == ("tokens", "append")
-    for e in (static, append):  # both passed the load self-test (engines/protocol_check.py) by rounding only
+    for e in (static, append):  # both passed the load self-test (engines/models/protocol_check.py) by rounding only
         assert len(e.selftest_report.worst) == 4 and max(e.selftest_report.worst.values()) < 1e-5
     rng = np.random.default_rng(2)
     prompt = rng.integers(0, 64, 5)
@@ -143,7 +143,7 @@ def test_adapter_rejects_bad_kinds_and_empty_prompt():
 def test_compare_with_hf_assisted_smoke():
     """The peer comparison's plumbing on a tiny run (its timings mean nothing at this size)."""
     pytest.importorskip("transformers")
-    from edgeinfer.engines.hf_peer import compare_with_hf_assisted
+    from edgeinfer.engines.peers.hf_peer import compare_with_hf_assisted
 
     result = compare_with_hf_assisted(n_prompts=2, max_new_tokens=12, repeats=1, ks=(2, 3))
     rows = {r["name"]: r for r in result["rows"]}

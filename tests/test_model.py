@@ -1,7 +1,7 @@
 """KV-cache correctness: cached decoding over arbitrary pass sizes and rollbacks equals a cache-free forward."""
 import torch
 
-from edgeinfer.engines.model import ActionTransformer, PolicyConfig
+from edgeinfer.engines.models.model import ActionTransformer, PolicyConfig
 
 
 def test_cached_passes_with_rollbacks_match_full_forward():

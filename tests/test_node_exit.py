@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from edgeinfer.procs.node_spec import NodeSpec
 from edgeinfer.procs.nodes import Node, NodeGroup
-from edgeinfer.procs.spec import NodeSpec
 
 
 class _Ended:

@@ -8,11 +8,11 @@ pytest.importorskip("onnxscript")
 
 from edgeinfer.core.scheduler import SchedulerConfig, TickPlanner  # noqa: E402
 from edgeinfer.core.speculative import speculative_decode  # noqa: E402
-from edgeinfer.engines.build import load_engine  # noqa: E402
-from edgeinfer.engines.cache import EngineCache  # noqa: E402
-from edgeinfer.engines.drafters import KinematicDrafter  # noqa: E402
-from edgeinfer.engines.ort_engine import OrtEngine  # noqa: E402
-from edgeinfer.engines.torch_engine import TorchEngine  # noqa: E402
+from edgeinfer.engines.backends.build import load_engine  # noqa: E402
+from edgeinfer.engines.backends.cache import EngineCache  # noqa: E402
+from edgeinfer.engines.backends.ort_engine import OrtEngine  # noqa: E402
+from edgeinfer.engines.backends.torch_engine import TorchEngine  # noqa: E402
+from edgeinfer.engines.models.drafters import KinematicDrafter  # noqa: E402
 
 LOGIT_ATOL = 1e-4  # measured max 4.1e-5 on this sample (AMD EPYC, onnxruntime 1.32 CPU EP)
 # Fixed sample: its smallest top-1/top-2 logit margin is 2e-4, well above the backends' difference. Exact

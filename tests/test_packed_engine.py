@@ -15,14 +15,14 @@ import torch
 pytest.importorskip("numba")
 
 from edgeinfer.core.speculative import FixedK, speculative_decode  # noqa: E402
-from edgeinfer.engines.build import load_engine  # noqa: E402
-from edgeinfer.engines.drafters import make_drafter  # noqa: E402
-from edgeinfer.engines.engine import unavailable_reason  # noqa: E402
-from edgeinfer.engines.evaluate import greedy_decode_batch  # noqa: E402
-from edgeinfer.engines.model import POLICY_SIZES, ActionTransformer  # noqa: E402
-from edgeinfer.engines.packed_engine import PackedEngine  # noqa: E402
-from edgeinfer.engines.quality import greedy_chunk  # noqa: E402
-from edgeinfer.engines.simd import PANEL, TILE_ROWS, linear, pack_linear, padded, panel_columns  # noqa: E402
+from edgeinfer.engines.backends.build import load_engine  # noqa: E402
+from edgeinfer.engines.backends.engine import unavailable_reason  # noqa: E402
+from edgeinfer.engines.backends.packed_engine import PackedEngine  # noqa: E402
+from edgeinfer.engines.backends.quality import greedy_chunk  # noqa: E402
+from edgeinfer.engines.backends.simd import PANEL, TILE_ROWS, linear, pack_linear, padded, panel_columns  # noqa: E402
+from edgeinfer.engines.models.drafters import make_drafter  # noqa: E402
+from edgeinfer.engines.models.model import POLICY_SIZES, ActionTransformer  # noqa: E402
+from edgeinfer.engines.training.evaluate import greedy_decode_batch  # noqa: E402
 
 FP32_ATOL = 1e-4
 
@@ -174,7 +174,7 @@ def test_refuses_what_it_cannot_run(policy):
         load_engine(policy, "packed", "bf16")
     with pytest.raises(ValueError, match="threads must be 1 or 2"):
         PackedEngine(policy.model, threads=3)
-    with pytest.raises(ValueError, match="ActionTransformer of engines/model.py only, not Linear"):
+    with pytest.raises(ValueError, match="ActionTransformer of engines/models/model.py only, not Linear"):
         PackedEngine(torch.nn.Linear(2, 2))
     engine = load_engine(policy, "packed")
     n = policy.cfg.seq_len

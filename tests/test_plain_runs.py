@@ -112,8 +112,8 @@ def test_record_plain_books_what_as_many_single_passes_would():
 
 def test_the_fused_engine_greedy_run_gives_the_tokens_of_single_passes():
     pytest.importorskip("numba")
-    from edgeinfer.engines.build import load_engine
-    from edgeinfer.engines.policy import load_policy
+    from edgeinfer.engines.backends.build import load_engine
+    from edgeinfer.engines.models.policy import load_policy
 
     policy = load_policy()
     engine = load_engine(policy, "fused", "fp32", "cpu", 1)

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from edgeinfer.engines.paths import DEFAULT_POLICY, LARGE_POLICY, POLICY_NAMES, resolve_policy, serve_defaults
+from edgeinfer.engines.models.paths import DEFAULT_POLICY, LARGE_POLICY, POLICY_NAMES, resolve_policy, serve_defaults
 from edgeinfer.node.runtime import RuntimeConfig
 
 

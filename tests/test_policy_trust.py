@@ -1,4 +1,4 @@
-"""The trust model of policy folders (engines/factory.py, engines/weights_io.py): a factory
+"""The trust model of policy folders (engines/models/factory.py, engines/models/weights_io.py): a factory
 manifest is code and runs only with the opt-in (RuntimeConfig.trust_policy_code, `--trust-policy-code`); its
 module stays inside the manifest's folder and is imported by file path (sys.path untouched); weights are capped,
 read once, and loaded from the bytes hashed. Each attack is refused by name."""
@@ -13,12 +13,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from edgeinfer.engines import weights_io
-from edgeinfer.engines.factory import PolicyCodeRefused, import_factory
-from edgeinfer.engines.paths import DEFAULT_POLICY, MAX_WEIGHTS_MB
-from edgeinfer.engines.policy import load_policy
-from edgeinfer.engines.served import load_served_policy
-from edgeinfer.engines.weights_io import inside, load_state_dict, read_checked
+from edgeinfer.engines.models import weights_io
+from edgeinfer.engines.models.factory import PolicyCodeRefused, import_factory
+from edgeinfer.engines.models.paths import DEFAULT_POLICY, MAX_WEIGHTS_MB
+from edgeinfer.engines.models.policy import load_policy
+from edgeinfer.engines.models.served import load_served_policy
+from edgeinfer.engines.models.weights_io import inside, load_state_dict, read_checked
 from edgeinfer.node.runtime import PolicyRuntime, RuntimeConfig
 
 BROKEN = Path(__file__).resolve().parent / "factory_policies.py"

@@ -13,11 +13,11 @@ from test_replay_timing import _received, sockets  # noqa: F401  (the fixture: a
 from edgeinfer.core.wire import ActionChunk, JointCommand, Observation, Start
 from edgeinfer.logs.arm_log import synthetic_log
 from edgeinfer.sim.compare import compare
-from edgeinfer.sim.config import ReplayConfig
 from edgeinfer.sim.metrics import summarize
 from edgeinfer.sim.received import Chunks, Commands
 from edgeinfer.sim.replay import Recording, stream
 from edgeinfer.sim.report import print_table
+from edgeinfer.sim.run_config import ReplayConfig
 from edgeinfer.sim.schedule import tick_grid
 
 PERIOD = 4_000_000

@@ -1,4 +1,4 @@
-"""The load-time self-test of bring-your-own models (engines/protocol_check.py): small torch modules that break
+"""The load-time self-test of bring-your-own models (engines/models/protocol_check.py): small torch modules that break
 the model protocol in one way each are refused with the clause they break; conforming ones load, and
 decode speculatively token for token as target-only."""
 import numpy as np
@@ -9,9 +9,9 @@ from torch import nn
 
 from edgeinfer.core.scheduler import SchedulerConfig, TickPlanner
 from edgeinfer.core.speculative import speculative_decode
-from edgeinfer.engines.llama import Llama, LlamaConfig
-from edgeinfer.engines.model_protocol import EngineDrafter, TorchModuleEngine
-from edgeinfer.engines.protocol_check import ProtocolViolation, self_test
+from edgeinfer.engines.models.llama import Llama, LlamaConfig
+from edgeinfer.engines.models.model_protocol import EngineDrafter, TorchModuleEngine
+from edgeinfer.engines.models.protocol_check import ProtocolViolation, self_test
 
 VOCAB, D = 32, 32
 CLAUSES = {"fresh cache", "multi-token pass", "rollback", "prefill"}
@@ -251,7 +251,7 @@ def test_sliding_window_cache_is_refused_where_a_rejected_draft_reaches_into_its
     for k = 2, earlier for longer drafts."""
     from factory_policies import WINDOW, sliding_window_cache
 
-    from edgeinfer.engines.factory import FactoryPolicyConfig
+    from edgeinfer.engines.models.factory import FactoryPolicyConfig
 
     model = sliding_window_cache(FactoryPolicyConfig(n_joints=6, horizon=2, stride_ticks=5, n_bins=16)).model
     probe = np.random.default_rng(0).standard_normal(18).astype(np.float32)

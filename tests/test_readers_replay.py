@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from edgeinfer.logs.arm_log import ArmLog, read_schunk
-from edgeinfer.sim.faults import FaultInjector, NetworkFaultConfig
+from edgeinfer.sim.network_faults import FaultInjector, NetworkFaultConfig
 
 pytest.importorskip("mcap_ros2")
 pytestmark = pytest.mark.slow

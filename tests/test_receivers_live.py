@@ -16,8 +16,8 @@ from edgeinfer.control.safety import SafetyLimits
 from edgeinfer.core import transport, wire
 from edgeinfer.core.clock import now_ns
 from edgeinfer.node.runtime import RuntimeConfig
+from edgeinfer.procs.node_spec import NodeSpec
 from edgeinfer.procs.nodes import NodeGroup
-from edgeinfer.procs.spec import NodeSpec
 
 PERIOD_NS = 4_000_000
 D = 6  # the control loop's default limits are for 6 joints

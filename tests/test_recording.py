@@ -10,11 +10,11 @@ import pytest
 
 from edgeinfer.core.wire import ActionChunk, JointCommand
 from edgeinfer.logs.arm_log import ArmLog
-from edgeinfer.sim.config import ReplayConfig
 from edgeinfer.sim.hil import _obs_to_chunk_ns, _obs_to_command_ns
 from edgeinfer.sim.metrics import summarize
 from edgeinfer.sim.received import Chunks
 from edgeinfer.sim.replay import Recording, _collect
+from edgeinfer.sim.run_config import ReplayConfig
 from edgeinfer.sim.supervisor import safety_report
 
 P = 4_000_000  # 250 Hz

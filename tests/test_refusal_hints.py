@@ -9,8 +9,8 @@ import pytest
 from edgeinfer.control.limits import JointCountError, resolve_limits
 from edgeinfer.control.safety import SafetyLimits
 from edgeinfer.logs.arm_log import ArmLog, LogError, synthetic_log
-from edgeinfer.sim.config import ReplayConfig
 from edgeinfer.sim.preflight import check_run_fits, policy_shape
+from edgeinfer.sim.run_config import ReplayConfig
 
 
 def _log(n_joints: int, rate_hz: float | None = None) -> ArmLog:

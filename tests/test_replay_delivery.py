@@ -7,8 +7,8 @@ import pytest
 from rich.console import Console
 
 from edgeinfer.control.loop import ControlConfig
-from edgeinfer.sim.config import ReplayConfig
 from edgeinfer.sim.replay import replay
+from edgeinfer.sim.run_config import ReplayConfig
 
 
 @pytest.mark.parametrize("pacing", [{"as_fast_as_possible": True}, {"time_scale": 20.0}], ids=["afap", "x20"])

@@ -12,11 +12,11 @@ import pytest
 from rich.console import Console
 
 from edgeinfer.core.scheduler import SchedulerConfig
-from edgeinfer.engines.paths import DEFAULT_POLICY
+from edgeinfer.engines.models.paths import DEFAULT_POLICY
 from edgeinfer.logs.arm_log import ArmLog, LogError, synthetic_log, write_schunk
 from edgeinfer.node.runtime import RuntimeConfig
-from edgeinfer.sim.config import ReplayConfig
 from edgeinfer.sim.replay import replay
+from edgeinfer.sim.run_config import ReplayConfig
 
 pytestmark = pytest.mark.slow
 
@@ -145,7 +145,7 @@ def test_real_ur10_policy_runs_in_the_replay_loop(schunk_dir, tmp_path, model):
     """The real Isaac Lab UR10 reach policy, through its ONNX and its TorchScript file, served by the runtime
     node to the control loop while a real Schunk run is replayed (6 joints each; the arm differs, so this
     checks the loop, not the policy's skill: ONNX/TorchScript agreement is in tests/test_byo.py)."""
-    from edgeinfer.engines.byo import ByoSpec
+    from edgeinfer.engines.models.byo import ByoSpec
 
     spec_path = Path(__file__).resolve().parents[1] / "launch" / "ur10_reach_policy.toml"
     ur10 = ByoSpec.load(spec_path).model.parent / model

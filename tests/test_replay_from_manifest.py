@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from edgeinfer.sim.config import ReplayConfig
 from edgeinfer.sim.preflight import log_defaults, policy_shape
+from edgeinfer.sim.run_config import ReplayConfig
 
 REACHY = Path(__file__).resolve().parents[2] / "shared" / "data" / "reachy2_lerobot_v30"
 needs_reachy = pytest.mark.skipif(not (REACHY / "meta" / "info.json").is_file(),
@@ -21,7 +21,8 @@ D = 19  # Reachy 2's observation.state
 
 
 def data_entry(source: Path, **changes) -> dict:
-    """A manifest's "data", as `edgeinfer train --data DATASET --held-out 2` writes it (engines/fit_data.py)."""
+    """A manifest's "data", as `edgeinfer train --data DATASET --held-out 2` writes it
+    (engines/training/fit_data.py)."""
     return {"source": str(source), "format": "lerobot", "reader_options": {"q_field": "observation.state"},
             "joint_names": None, "rate_hz": 30.0, "qd_from_differences": True, "q_from_integration": False,
             "split": {"by": "episode", "rule": "held_out = given (--held-out 2)", "held_out_option": "2",
@@ -34,12 +35,12 @@ def fitted_limits() -> dict:
 
 
 def write_policy(path: Path, data: dict | None, limits: dict | None = None) -> Path:
-    """A tiny untrained 19-joint policy (weights and manifest, engines/policy.py) with `data` and `limits`."""
+    """A tiny untrained 19-joint policy (weights and manifest, engines/models/policy.py) with `data` and `limits`."""
     import torch
 
-    from edgeinfer.engines.model import ActionTransformer, PolicyConfig
-    from edgeinfer.engines.policy import Policy
-    from edgeinfer.engines.tokenizer import ActionTokenizer
+    from edgeinfer.engines.models.model import ActionTransformer, PolicyConfig
+    from edgeinfer.engines.models.policy import Policy
+    from edgeinfer.engines.models.tokenizer import ActionTokenizer
 
     torch.manual_seed(0)
     cfg = PolicyConfig(obs_dim=3 * D, n_joints=D, horizon=2, stride_ticks=1, n_bins=8, d_model=16, n_layers=1,

@@ -14,10 +14,10 @@ from edgeinfer.core import transport
 from edgeinfer.core.clock import SpinTail
 from edgeinfer.core.wire import Observation, Start
 from edgeinfer.logs.arm_log import ArmLog, synthetic_log
-from edgeinfer.sim.config import ReplayConfig
-from edgeinfer.sim.faults import NetworkFaultConfig
+from edgeinfer.sim.network_faults import NetworkFaultConfig
 from edgeinfer.sim.pacing import scaled_period_ns, send_timing_report, should_skip
 from edgeinfer.sim.replay import stream
+from edgeinfer.sim.run_config import ReplayConfig
 from edgeinfer.sim.schedule import tick_grid
 
 STRIDE = 5

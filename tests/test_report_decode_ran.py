@@ -4,7 +4,7 @@ as target-only in report.json's "decode" and the console table, and an acceptanc
 few drafts is not shown as the run's."""
 from rich.console import Console
 
-from edgeinfer.engines.auto import choice_counters
+from edgeinfer.engines.backends.auto import choice_counters
 from edgeinfer.sim.report import engine_choice_section, print_table
 
 
@@ -24,7 +24,7 @@ def _table(report: dict) -> dict[str, str]:
 
 class _Stats:
     """The runtime's newest Stats: backend auto chose onnxruntime, target-only the faster decode there (the counters
-    as the runtime node publishes them, engines/auto.py choice_counters)."""
+    as the runtime node publishes them, engines/backends/auto.py choice_counters)."""
 
     counters = choice_counters({
         "chosen": "onnxruntime", "start_up_s": 0.9, "probes": 24, "excluded": {},

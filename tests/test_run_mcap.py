@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from edgeinfer.sim import run_mcap
-from edgeinfer.sim.config import ReplayConfig
 from edgeinfer.sim.metrics import summarize
+from edgeinfer.sim.run_config import ReplayConfig
 from edgeinfer.sim.run_mcap import FILE, SCHEMAS, run_mcap_section, write_run_mcap
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -122,7 +122,7 @@ def test_every_tick_command_chunk_and_observation_is_in_the_file(tmp_path):
     assert json.loads(meta["edgeinfer.headline"]["observations_sent"]) == n
     assert json.loads(meta["edgeinfer.headline"]["deadline_misses"]) == report["deadline_misses"]
     assert json.loads(meta["edgeinfer.headline"]["latency_ms.p99"]) == pytest.approx(report["latency_ms"]["p99"])
-    assert json.loads(meta["edgeinfer.config"]["runtime.backend"]) == "auto"  # the default (engines/auto.py)
+    assert json.loads(meta["edgeinfer.config"]["runtime.backend"]) == "auto"  # the default (engines/backends/auto.py)
     assert json.loads(meta["edgeinfer.config"]["out"]) == str(tmp_path)
 
 

@@ -13,8 +13,8 @@ from edgeinfer.core import transport
 from edgeinfer.core.clock import now_ns
 from edgeinfer.core.wire import ActionChunk, ErrorEvent, Start, Stats
 from edgeinfer.node.runtime import RuntimeConfig
+from edgeinfer.procs.node_spec import NodeSpec
 from edgeinfer.procs.nodes import NodeGroup
-from edgeinfer.procs.spec import NodeSpec
 
 MS = 1_000_000
 ABSURD_PERIODS = (0, -4 * MS, 2**62)

@@ -31,7 +31,7 @@ def _byo_runtime():
     if not UR10_MODEL.is_file():
         pytest.skip(f"UR10 policy not found at {UR10_MODEL}")
     pytest.importorskip("onnxruntime")
-    from edgeinfer.engines.byo import ByoRuntime
+    from edgeinfer.engines.models.byo import ByoRuntime
 
     return ByoRuntime(UR10_SPEC)
 

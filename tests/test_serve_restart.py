@@ -14,8 +14,8 @@ from edgeinfer.core import transport
 from edgeinfer.core.clock import now_ns, sleep_until
 from edgeinfer.core.wire import ActionChunk, ErrorEvent, Hello, Observation, Start, Stats, Stop
 from edgeinfer.node.runtime import RuntimeConfig
+from edgeinfer.procs.node_spec import NodeSpec
 from edgeinfer.procs.nodes import NodeGroup
-from edgeinfer.procs.spec import NodeSpec
 
 MS = 1_000_000
 P = 4 * MS  # 250 Hz

@@ -20,12 +20,12 @@ from edgeinfer.core import transport
 from edgeinfer.core.lifecycle import raise_interrupt
 from edgeinfer.core.transport import Endpoints
 from edgeinfer.core.wire import Stop
-from edgeinfer.engines.paths import DEFAULT_POLICY
+from edgeinfer.engines.models.paths import DEFAULT_POLICY
 from edgeinfer.logs.arm_log import ArmLog, synthetic_log, write_schunk
 from edgeinfer.node.runtime import RuntimeConfig
-from edgeinfer.procs.spec import NodeSpec
-from edgeinfer.sim.config import ReplayConfig
+from edgeinfer.procs.node_spec import NodeSpec
 from edgeinfer.sim.metrics import summarize
+from edgeinfer.sim.run_config import ReplayConfig
 from edgeinfer.sim.session import RobotSockets, RunSession, prepare, write_outputs
 
 sys.path.insert(0, str(Path(__file__).parent))

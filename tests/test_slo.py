@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 from synthetic_runs import report
 
-from edgeinfer.sim.config import ReplayConfig
+from edgeinfer.sim.run_config import ReplayConfig
 from edgeinfer.sim.slo import SLOError, evaluate, parse_slo
 from edgeinfer.sim.stats import min_passing_samples
 

@@ -50,7 +50,7 @@ def test_a_backlog_or_a_delay_drill_is_not_an_offset():
     # a backlog read at once after a 1 s warm-up (Hellos every 10 ms, read 10 us apart), then a live stream
     assert set(_feed(clock, lambda i: 1_000 * MS - i * 10 * MS + 50 * US, 0, 100, step_ns=10 * US)) == {"taken"}
     assert set(_feed(clock, lambda i: 50 * US, 2 * MS, 500)) == {"taken"}
-    # every observation delayed 100 ms (sim/faults.py), the replayer's Heartbeats (every 20 ms) are not
+    # every observation delayed 100 ms (sim/network_faults.py), the replayer's Heartbeats (every 20 ms) are not
     clock2 = SourceClock()
     for i in range(500):
         t = i * P

@@ -4,9 +4,9 @@ import torch
 
 from edgeinfer.core.scheduler import SchedulerConfig, TickPlanner
 from edgeinfer.core.speculative import speculative_decode
-from edgeinfer.engines.drafters import KinematicDrafter
-from edgeinfer.engines.evaluate import greedy_decode_batch
-from edgeinfer.engines.torch_engine import TorchEngine
+from edgeinfer.engines.backends.torch_engine import TorchEngine
+from edgeinfer.engines.models.drafters import KinematicDrafter
+from edgeinfer.engines.training.evaluate import greedy_decode_batch
 
 
 def _obs(policy, f):

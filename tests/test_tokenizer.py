@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from edgeinfer.engines.tokenizer import ActionTokenizer
+from edgeinfer.engines.models.tokenizer import ActionTokenizer
 
 
 def make_tok():

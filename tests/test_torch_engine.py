@@ -5,11 +5,11 @@ import torch
 from torch import nn
 
 from edgeinfer.core.speculative import FixedK, speculative_decode
-from edgeinfer.engines.calibration import sample_windows
-from edgeinfer.engines.drafters import KinematicDrafter
-from edgeinfer.engines.evaluate import greedy_decode_batch
-from edgeinfer.engines.fp8 import E4M3_MAX, Fp8Linear, dequantise, quantise, quantise_linears, scale_of
-from edgeinfer.engines.torch_engine import TorchEngine
+from edgeinfer.engines.backends.calibration import sample_windows
+from edgeinfer.engines.backends.fp8 import E4M3_MAX, Fp8Linear, dequantise, quantise, quantise_linears, scale_of
+from edgeinfer.engines.backends.torch_engine import TorchEngine
+from edgeinfer.engines.models.drafters import KinematicDrafter
+from edgeinfer.engines.training.evaluate import greedy_decode_batch
 
 CUDA = torch.cuda.is_available()
 requires_cuda = pytest.mark.skipif(not CUDA, reason="needs a CUDA device")

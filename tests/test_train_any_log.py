@@ -1,4 +1,4 @@
-"""`edgeinfer train` / `distill` on any log the replayer reads (engines/fit_data.py): units and split, windows
+"""`edgeinfer train` / `distill` on any log the replayer reads (engines/training/fit_data.py): units and split, windows
 inside units, fitted limits, the manifest, and the refusal to overwrite the shipped weights. Real LeRobot
 datasets from ../shared/data (skipped without them), plus small CSV folders written here."""
 from __future__ import annotations
@@ -13,11 +13,11 @@ import torch
 
 from edgeinfer.cli import main as edgeinfer_cli
 from edgeinfer.core.config import field_docs
-from edgeinfer.engines.distill import DistillConfig, distill
-from edgeinfer.engines.fit_data import FitDataConfig, default_horizon, default_stride_ticks, load_fit_data
-from edgeinfer.engines.paths import DEFAULT_POLICY, WEIGHTS_DIR
-from edgeinfer.engines.policy import load_policy
-from edgeinfer.engines.train import TrainConfig, train
+from edgeinfer.engines.models.paths import DEFAULT_POLICY, WEIGHTS_DIR
+from edgeinfer.engines.models.policy import load_policy
+from edgeinfer.engines.training.distill import DistillConfig, distill
+from edgeinfer.engines.training.fit_data import FitDataConfig, default_horizon, default_stride_ticks, load_fit_data
+from edgeinfer.engines.training.train import TrainConfig, train
 from edgeinfer.logs.lerobot_log import list_lerobot_episodes
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"

@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 
 from edgeinfer.cli import main as edgeinfer_cli
-from edgeinfer.engines.model import POLICY_SIZES, ActionTransformer, PolicyConfig
-from edgeinfer.engines.paths import DEFAULT_POLICY, LARGE_POLICY
-from edgeinfer.engines.policy import load_policy
-from edgeinfer.engines.train import TrainConfig
+from edgeinfer.engines.models.model import POLICY_SIZES, ActionTransformer, PolicyConfig
+from edgeinfer.engines.models.paths import DEFAULT_POLICY, LARGE_POLICY
+from edgeinfer.engines.models.policy import load_policy
+from edgeinfer.engines.training.train import TrainConfig
 
 
 def _parameters(model) -> int:

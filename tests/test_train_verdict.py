@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 from rich.console import Console
 
-from edgeinfer.engines.evaluate import heldout_comparison
-from edgeinfer.engines.fit_data import FitDataConfig, load_fit_data
-from edgeinfer.engines.train import TrainConfig, train
+from edgeinfer.engines.training.evaluate import heldout_comparison
+from edgeinfer.engines.training.fit_data import FitDataConfig, load_fit_data
+from edgeinfer.engines.training.train import TrainConfig, train
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
 

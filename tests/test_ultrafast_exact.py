@@ -9,8 +9,8 @@ import torch
 
 from edgeinfer.core.speculative import FixedK, speculative_decode
 from edgeinfer.core.wire import Observation
-from edgeinfer.engines import auto
-from edgeinfer.engines.evaluate import greedy_decode_batch
+from edgeinfer.engines.backends import auto
+from edgeinfer.engines.training.evaluate import greedy_decode_batch
 from edgeinfer.node.runtime import PolicyRuntime, RuntimeConfig
 
 N_OBS = 1000

@@ -13,7 +13,7 @@ held-out Schunk runs (measurement numbers n % 5 == 1, the split of both policies
 
 A prefix of n tokens decodes to the whole horizon H for DCT tokens (a departure from the constant-velocity chunk of
 the window's last increment q - q_prev, the missing coefficients filled as the runtime does:
-engines/dct_tokenizer.py)
+engines/models/dct_tokenizer.py)
 and to n / D steps for step tokens; past its last step, the step chunk is held at that step (what the control
 loop commands once a chunk ends and no other chunk covers the tick: its last target; control/command.py). The RMSE
 is then over every (window, step, joint) of the horizon, for both tokenizers alike, and at the first step alone.
@@ -33,11 +33,11 @@ import numpy as np
 from rich.console import Console
 
 from edgeinfer.bench.anytime_replays import conditions, pooled, replay_once
-from edgeinfer.bench.report import check_output
+from edgeinfer.bench.suite_report import check_output
 from edgeinfer.core.progress import Progress
-from edgeinfer.engines.drafters import DEFAULT_DRAFT, make_drafter
-from edgeinfer.engines.paths import DCT_DRAFT, DCT_POLICY, DEFAULT_POLICY
-from edgeinfer.engines.tokenizer import decode_chunk, encode_chunk
+from edgeinfer.engines.models.drafters import DEFAULT_DRAFT, make_drafter
+from edgeinfer.engines.models.paths import DCT_DRAFT, DCT_POLICY, DEFAULT_POLICY
+from edgeinfer.engines.models.tokenizer import decode_chunk, encode_chunk
 
 SCHEMA = "edgeinfer.bench.anytime/1"
 POLICIES = ("step", "dct")
@@ -59,7 +59,7 @@ class AnytimeConfig:
     # The engine of every decode and replay, both policies alike (the spec section's target-only cost per pass is
     # what the slowdowns multiply, so the replays run the same engine).
     backend: Literal["torch", "onnxruntime", "tensorrt", "fused"] = "torch"
-    step_draft: Path = DEFAULT_DRAFT  # the step policy's learned drafter (engines/distill.py)
+    step_draft: Path = DEFAULT_DRAFT  # the step policy's learned drafter (engines/training/distill.py)
     dct_draft: Path = DCT_DRAFT  # the DCT policy's learned drafter
     # Held-out measurement numbers replayed (n % 5 == 1; the default: the two longest, 4.4 s each).
     runs: list[int] = field(default_factory=lambda: [81, 86])
@@ -121,7 +121,7 @@ def _rmse(err: np.ndarray) -> float:
 def curve_windows(policy, data_dir: Path | None, n: int | None) -> tuple[np.ndarray, np.ndarray, str]:
     """(raw features (N, 3D), recorded offsets (N, H, D) rad, source) of the held-out windows, n evenly spaced
     ones (None: all)."""
-    from edgeinfer.engines.calibration import held_out_windows
+    from edgeinfer.engines.backends.calibration import held_out_windows
 
     feats, offsets, source = held_out_windows(policy, data_dir)
     if n is not None and n < len(feats):
@@ -132,8 +132,8 @@ def curve_windows(policy, data_dir: Path | None, n: int | None) -> tuple[np.ndar
 
 def curve_section(policy, feats: np.ndarray, offsets: np.ndarray) -> dict:
     """The anytime curves of one policy: greedy (decoding and quantisation) and tokenizer (quantisation alone)."""
-    from edgeinfer.engines.evaluate import greedy_tokens  # torch: imported by the run, not by --help
-    from edgeinfer.engines.policy import feature_increment
+    from edgeinfer.engines.models.policy import feature_increment
+    from edgeinfer.engines.training.evaluate import greedy_tokens  # torch: imported by the run, not by --help
 
     tok = policy.tokenizer
     increment = feature_increment(feats)
@@ -142,11 +142,11 @@ def curve_section(policy, feats: np.ndarray, offsets: np.ndarray) -> dict:
 
 
 def spec_section(policy, draft: Path, cfg: AnytimeConfig, console: Console) -> dict:
-    """Speculative decoding of `policy` per drafter (learned: the one at `draft`), from edgeinfer.bench.spec's rows
-    (no stress rows, no peer): target-only, and per drafter its best fixed k and its adaptive row. pass_ms:
+    """Speculative decoding of `policy` per drafter (learned: the one at `draft`), from edgeinfer.bench.speculation's
+    rows (no stress rows, no peer): target-only, and per drafter its best fixed k and its adaptive row. pass_ms:
     target-only's ms per token (one target pass each), the cost the replays' slowdowns multiply. A drafter that
     cannot be built for the policy (its file missing, distilled for other tokens) is skipped, with the reason."""
-    from edgeinfer.bench.spec import bench_spec
+    from edgeinfer.bench.speculation import bench_spec
 
     options = {"learned": {"path": draft}}
     skipped = {}
@@ -204,8 +204,8 @@ def run_anytime(cfg: AnytimeConfig, console: Console | None = None, command: lis
     is not a built-in action-token policy, and what a replay raises."""
     from edgeinfer.bench.anytime_report import write_plot
     from edgeinfer.bench.engines import machine_info
-    from edgeinfer.engines.calibration import resolve_data_dir
-    from edgeinfer.engines.policy import load_policy
+    from edgeinfer.engines.backends.calibration import resolve_data_dir
+    from edgeinfer.engines.models.policy import load_policy
     from edgeinfer.logs.arm_log import list_schunk_runs
     from edgeinfer.procs import forkserver
 

@@ -21,7 +21,7 @@ from edgeinfer.core.scheduler import SchedulerConfig
 from edgeinfer.core.wire import RUNGS
 from edgeinfer.node.faults import FaultConfig
 from edgeinfer.node.runtime import RuntimeConfig
-from edgeinfer.sim.config import ReplayConfig
+from edgeinfer.sim.run_config import ReplayConfig
 from edgeinfer.sim.stats import clopper_pearson_interval
 
 

@@ -28,13 +28,18 @@ def chunk_us(pass_cost_us: Mapping[int, float], n_tokens: int, k: int, tokens_pe
 
 
 def ceiling(pass_cost_us: Mapping[int, float], n_tokens: int,
-            tokens_per_pass: Mapping[int, float] | None = None) -> dict:
+            tokens_per_pass: Mapping[int, float] | None = None, pass_us: float | None = None) -> dict:
     """The best speed-up over target-only on this curve: {"ratio", "k"}, best over the k the curve covers (k + 1 in
     pass_cost_us) and, when tokens_per_pass ({k: measured T_k}) is given, over the k it holds; the oracle
-    (every draft kept) when tokens_per_pass is None. Keys of pass_cost_us may be ints or their strings (JSON)."""
+    (every draft kept) when tokens_per_pass is None. Keys of pass_cost_us may be ints or their strings (JSON).
+    pass_us: what one target-only pass really costs inside a decode (a chunk's time over its tokens), when the
+    decoder adds a fixed cost to every pass that the curve, timed on the engine alone, does not hold (torch's eager
+    loop): every pass of the curve is then shifted by pass_us - c(1). Raises ValueError without c(1)."""
     cost = {int(t): float(us) for t, us in pass_cost_us.items()}
     if 1 not in cost:
         raise ValueError("the pass-cost curve has no single-token pass (key 1)")
+    if pass_us is not None:
+        cost = {t: us - cost[1] + pass_us for t, us in cost.items()}
     plain = chunk_us(cost, n_tokens, 0, 1.0)
     per_k = {k: float(k + 1) for k in range(1, max(cost))} if tokens_per_pass is None else \
         {int(k): float(t) for k, t in tokens_per_pass.items() if int(k) + 1 in cost}
@@ -44,3 +49,39 @@ def ceiling(pass_cost_us: Mapping[int, float], n_tokens: int,
         if ratio > best["ratio"]:
             best = {"ratio": round(ratio, 3), "k": k}
     return best
+
+
+def ceiling_lines(result: dict) -> list[str]:
+    """`edgeinfer bench engines`' ceiling lines: per engine row with a pass-cost curve, the oracle ceiling and, for
+    each drafter's exact ultrafast rows on the same engine (first policy: the one the engine rows measured), the
+    ceiling at the tokens per verify pass it measured, beside the speed-up it measured (the curve shifted to the
+    target-only chunk's own cost per pass: see ceiling's pass_us). result: the bench's JSON
+    (rows, data.threads, ultrafast.rows and policies). Rows with an error or without a curve are skipped."""
+    uf = result.get("ultrafast") or {}
+    policy = next(iter(uf.get("policies") or {}), None)
+    n_tokens = uf["policies"][policy]["n_tokens"] if policy else None
+    run_threads = (result.get("data") or {}).get("threads", 1)
+    lines = []
+    for row in result.get("rows", []):
+        curve = row.get("pass_cost_us_p50")
+        if row.get("error") or not curve or n_tokens is None:
+            continue
+        engine = f"{row['backend']} {row['precision']}" + (f" x{row['threads']} threads" if row["threads"] > 1 else "")
+        same = [r for r in uf.get("rows", []) if r.get("policy") == policy and not r.get("error")
+                and r["backend"] == row["backend"] and r["precision"] == row["precision"]
+                and (r.get("threads") or run_threads) == row["threads"] and r["acceptance"] == "greedy"]
+        own = next((r for r in same if r["decode"] == "target-only"), None)
+        pass_us = own["chunk_us_p50"] / n_tokens if own else None
+        best = ceiling(curve, n_tokens, pass_us=pass_us)
+        parts = [f"any drafter x{best['ratio']:.2f} (k={best['k']})"]
+        for r in same:
+            passes = r.get("target_passes_per_chunk")
+            if r["decode"] in ("target-only", "one-graph", "preset") or not passes or passes <= 1 or own is None:
+                continue
+            t = min((n_tokens - 1) / (passes - 1), r["k"] + 1)
+            cap = ceiling(curve, n_tokens, {r["k"]: t}, pass_us)
+            parts.append(f"{r['decode']} k={r['k']} ({t:.2f} tokens per verify pass) x{cap['ratio']:.2f} with free "
+                         f"drafting, measured x{own['chunk_us_p50'] / r['chunk_us_p50']:.2f}")
+        lines.append(f"{policy}: ceiling of speculation on {engine} (estimated from its pass-cost curve): "
+                     + "; ".join(parts))
+    return lines

@@ -19,7 +19,7 @@ import numpy as np
 
 from edgeinfer.core.clock import now_ns
 from edgeinfer.core.wire import Observation
-from edgeinfer.engines.tokenizer import encode_chunk
+from edgeinfer.engines.models.tokenizer import encode_chunk
 from edgeinfer.node.runtime import PolicyRuntime, RuntimeConfig
 
 

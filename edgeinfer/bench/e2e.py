@@ -22,8 +22,8 @@ from rich.console import Console
 from edgeinfer.bench.scenarios import ReplayScenario
 from edgeinfer.logs.arm_log import ArmLog, LogError, write_schunk
 from edgeinfer.node.runtime import RuntimeConfig
-from edgeinfer.sim.config import ReplayConfig
 from edgeinfer.sim.replay import replay
+from edgeinfer.sim.run_config import ReplayConfig
 
 REPLAY_TIME_SCALE = "time_scale" in {f.name for f in dataclasses.fields(ReplayConfig)}
 

@@ -3,7 +3,7 @@
     python -m edgeinfer.bench.engines --device cuda --json out/bench_cuda.json
     python -m edgeinfer.bench.engines --summary out/bench_*.json     # merge and print saved runs
 
-Per row, on real held-out observations (engines/calibration.py; synthetic with a warning when absent):
+Per row, on real held-out observations (engines/backends/calibration.py; synthetic with a warning when absent):
     per_token_us     one single-token decode pass (p50, p99)
     verify_us_p50    one verify pass of k drafts + the last committed token, k in 1, 2, 4, 8, 16
     pass_cost_us_p50 one pass over t tokens, t = 1..9: the cost curve of verification (its ratio to t = 1 is the
@@ -38,13 +38,13 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from edgeinfer.bench.report import percentile_us as _us
+from edgeinfer.bench.suite_report import percentile_us as _us
 from edgeinfer.core.speculative import FixedK, speculative_decode
-from edgeinfer.engines.calibration import sample_windows
-from edgeinfer.engines.drafters import kinematic_drafter
-from edgeinfer.engines.engine import BUILDS, PRECISIONS, unavailable_reason
-from edgeinfer.engines.policy import feature_increment, load_policy
-from edgeinfer.engines.tokenizer import action_rmse_rad
+from edgeinfer.engines.backends.calibration import sample_windows
+from edgeinfer.engines.backends.engine import BUILDS, PRECISIONS, unavailable_reason
+from edgeinfer.engines.models.drafters import kinematic_drafter
+from edgeinfer.engines.models.policy import feature_increment, load_policy
+from edgeinfer.engines.models.tokenizer import action_rmse_rad
 
 VERIFY_KS = (1, 2, 4, 8, 16)
 PASS_TOKENS = tuple(range(1, 10))  # the pass-cost curve
@@ -182,7 +182,7 @@ def _with_threads(specs, threads: int) -> list[tuple[str, str, bool, int]]:
 def _open(policy, backend: str, precision: str, device: str, threads: int, graphs: bool, compile: bool = False):
     """load_engine, with the torch engine's CUDA-graph option on CUDA. Raises RuntimeError when graphs were
     asked for but capture failed (the engine would silently run eager)."""
-    from edgeinfer.engines.build import load_engine
+    from edgeinfer.engines.backends.build import load_engine
 
     options = {"cuda_graphs": graphs} if backend == "torch" and device.startswith("cuda") else {}
     if backend == "torch" and compile:
@@ -423,7 +423,7 @@ class EnginesBenchConfig:
     summary: list[Path] | None = None  # print these saved results (merged) and exit
 
     def __post_init__(self):
-        from edgeinfer.engines.engine import BACKENDS
+        from edgeinfer.engines.backends.engine import BACKENDS
 
         if min(self.n_obs, self.n_iters, self.threads, self.ultrafast_n_obs) < 1:
             raise ValueError("--n-obs, --n-iters, --threads and --ultrafast-n-obs must be >= 1")
@@ -446,6 +446,7 @@ def main(argv: list[str] | None = None) -> int:
 def run_command(cfg: EnginesBenchConfig) -> int:
     """`edgeinfer bench engines`: the engine rows, then the ultrafast rows (--rows), printed and saved to --json
     after each row; or, with --summary, saved results printed again. 0."""
+    from edgeinfer.bench.ceiling import ceiling_lines
     from edgeinfer.bench.ultrafast import UltrafastConfig, bench_ultrafast, default_policies, print_ultrafast
 
     if cfg.summary:
@@ -466,12 +467,14 @@ def run_command(cfg: EnginesBenchConfig) -> int:
 
         uf = UltrafastConfig(device=cfg.device, n_obs=cfg.ultrafast_n_obs, threads=cfg.threads)
         print_ultrafast(bench_ultrafast(policies, uf, cfg.data_dir, save))
+    print("\n".join(ceiling_lines(result)))
     return 0
 
 
 def _print_summary(paths: list[Path]) -> int:
     """Print saved results: the engine rows merged, each run's ultrafast rows on their own (their ratios hold
     within one run only). 0."""
+    from edgeinfer.bench.ceiling import ceiling_lines
     from edgeinfer.bench.ultrafast import print_ultrafast
 
     results = [json.loads(Path(p).read_text()) for p in paths]
@@ -482,6 +485,7 @@ def _print_summary(paths: list[Path]) -> int:
     for res in results:
         if res.get("ultrafast"):
             print_ultrafast(res["ultrafast"])
+            print("\n".join(ceiling_lines(res)))
     return 0
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
-"""The ways `edgeinfer bench fleet` serves a fleet (bench/fleet.py's module docstring and docs/fleet.md describe
-them): each a label, whether each robot gets its own runtime process, the FleetPolicy fields it sets, and whether
-the runtime runs once per core."""
+"""The ways `edgeinfer bench fleet` serves a fleet (bench/fleet_capacity.py's module docstring and docs/fleet.md
+describe them): each a label, whether each robot gets its own runtime process, the FleetPolicy fields it sets, and
+whether the runtime runs once per core."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -9,7 +9,7 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class Configuration:
     """One way of serving the fleet: its label, whether each robot gets its own runtime process, and the
-    FleetPolicy fields (edgeinfer/core/fleet.py) it sets over the defaults."""
+    FleetPolicy fields (edgeinfer/core/fleet_batching.py) it sets over the defaults."""
 
     label: str
     process_per_robot: bool

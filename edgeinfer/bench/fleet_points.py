@@ -23,7 +23,7 @@ def measure_point(cfg, conf: str, phase: str, n: int, out: Path) -> dict:
     from rich.console import Console
 
     from edgeinfer.bench.fleet_configs import CONFIGURATIONS
-    from edgeinfer.core.fleet import FleetPolicy
+    from edgeinfer.core.fleet_batching import FleetPolicy
     from edgeinfer.node.fleet_config import FleetConfig
     from edgeinfer.sim.fleet_replay import FleetReplayConfig, fleet_replay
 

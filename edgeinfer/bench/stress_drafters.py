@@ -17,7 +17,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from edgeinfer.core.protocols import Drafter
-from edgeinfer.engines.drafters import one_hot
+from edgeinfer.engines.models.drafters import one_hot
 
 
 class SlowDrafter:

@@ -83,7 +83,7 @@ class BenchConfig:
 
 def _logs(cfg: BenchConfig, console: Console) -> tuple[list, str]:
     """The ArmLogs to measure on and a one-line description of where they come from."""
-    from edgeinfer.engines.calibration import resolve_data_dir
+    from edgeinfer.engines.backends.calibration import resolve_data_dir
     from edgeinfer.logs.arm_log import read_schunk, synthetic_log
 
     if cfg.log:
@@ -137,8 +137,8 @@ def run_bench(cfg: BenchConfig, sc: Scenarios | None = None, console: Console | 
     from edgeinfer.bench.decode import observations, offline, open_runtime, single_stream
     from edgeinfer.bench.figures import add_ratios
     from edgeinfer.bench.floor_loop import measure_floors, observation_payload_bytes
-    from edgeinfer.engines.dataset import chunk_windows
-    from edgeinfer.engines.policy import load_policy
+    from edgeinfer.engines.models.policy import load_policy
+    from edgeinfer.engines.training.dataset import chunk_windows
 
     console = console or Console(stderr=True)
     sc = sc or load_scenarios(cfg.scenarios)
@@ -312,7 +312,7 @@ def run_command(cfg: BenchConfig, command: list[str]) -> int:
     """`edgeinfer bench` without a suite: run (or load) and print; 0, or 1 when --compare finds a regression.
     command: the command line as typed, recorded in the result. Raises ValueError for a --json that cannot be
     written (before the run)."""
-    from edgeinfer.bench.report import check_output, print_compare, print_result
+    from edgeinfer.bench.suite_report import check_output, print_compare, print_result
 
     check_output(cfg.json)
     console = Console(width=max(Console().width, 150))  # never squeeze the table's columns

@@ -1,4 +1,4 @@
-"""The command line of a bench suite run as a program of its own (`python -m edgeinfer.bench.fleet`, a test's
+"""The command line of a bench suite run as a program of its own (`python -m edgeinfer.bench.fleet_capacity`, a test's
 `main(argv)`): its *Config dataclass's options, parsed as `edgeinfer bench SUITE` parses them (core.config), and
 the command line the result records."""
 from __future__ import annotations

@@ -8,7 +8,7 @@ Per policy (`--policy`, repeatable; default the shipped target, plus the large o
                  (target-only; speculative kinematic k = 4, 8; learned drafter k = 4 with the draft model on
                  the same engine, for the policy it was distilled from; on cuda, the whole greedy chunk as
                  one CUDA graph), plus a LOSSY relaxed-acceptance row (+/- 1 bin, kinematic k = 8) per engine
-    ultrafast    the engine `backend="auto"` picks (engines/auto.py), decoded as the runtime's preset does
+    ultrafast    the engine `backend="auto"` picks (engines/backends/auto.py), decoded as the runtime's preset does
                  (kinematic drafter, the adaptive planner unbudgeted, greedy acceptance)
     drift        the baseline timed again after the policy's rows (policies.<name>.baseline_drift, end / start):
                  rows run one after another, so a machine whose load changes mid-run skews their ratios; the
@@ -35,16 +35,16 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from edgeinfer.bench.report import percentile_us as _us
+from edgeinfer.bench.suite_report import percentile_us as _us
 from edgeinfer.core.acceptance import Greedy, Relaxed
 from edgeinfer.core.scheduler import SchedulerConfig, TickPlanner
 from edgeinfer.core.speculative import DecodeResult, FixedK, speculative_decode
-from edgeinfer.engines.calibration import sample_windows
-from edgeinfer.engines.drafters import draft_path, kinematic_drafter, make_drafter
-from edgeinfer.engines.engine import BUILDS, PRECISIONS, unavailable_reason
-from edgeinfer.engines.paths import DEFAULT_POLICY, LARGE_POLICY, serve_defaults
-from edgeinfer.engines.policy import feature_increment, load_policy
-from edgeinfer.engines.tokenizer import action_rmse_rad
+from edgeinfer.engines.backends.calibration import sample_windows
+from edgeinfer.engines.backends.engine import BUILDS, PRECISIONS, unavailable_reason
+from edgeinfer.engines.models.drafters import draft_path, kinematic_drafter, make_drafter
+from edgeinfer.engines.models.paths import DEFAULT_POLICY, LARGE_POLICY, serve_defaults
+from edgeinfer.engines.models.policy import feature_increment, load_policy
+from edgeinfer.engines.models.tokenizer import action_rmse_rad
 
 GOAL_RATIO = 14.0  # an exact full chunk >= 14x faster than torch-eager target-only (the default policy)
 # per policy (manifest stem): the exact full chunk's ratio to torch eager target-only, and speculation's ratio to
@@ -260,7 +260,7 @@ class _Unavailable(RuntimeError):
 def _open(policy, stack: Stack, device: str, threads: int):
     """load_engine for a stack row. Raises _Unavailable when the backend cannot run here or does not build
     the precision, RuntimeError when CUDA graphs were asked for and capture failed."""
-    from edgeinfer.engines.build import load_engine
+    from edgeinfer.engines.backends.build import load_engine
 
     reason = unavailable_reason(stack.backend, device)
     if reason:
@@ -275,10 +275,11 @@ def _open(policy, stack: Stack, device: str, threads: int):
 
 
 def _open_auto(policy, device: str, threads: int):
-    """(engine, choice dict) from engines/auto.py, as the runtime's ultrafast preset opens it (node/runtime.py):
-    measured with the preset's drafter (or the one the policy's manifest recommends) at min(k_max, PROBE_K), on the
-    threads the manifest recommends when the run's are the default 1; measured afresh (never the cached choice)."""
-    from edgeinfer.engines.auto import PROBE_K, open_auto
+    """(engine, choice dict) from engines/backends/auto.py, as the runtime's ultrafast preset opens it
+    (node/runtime.py): measured with the preset's drafter (or the one the policy's manifest recommends) at min(k_max,
+    PROBE_K), on the threads the manifest recommends when the run's are the default 1; measured afresh (never the cached
+    choice)."""
+    from edgeinfer.engines.backends.auto import PROBE_K, open_auto
 
     serve = serve_defaults(policy.path) if getattr(policy, "path", None) else {}
     return open_auto(policy, device, serve.get("threads", threads) if threads == 1 else threads,

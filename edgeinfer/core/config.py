@@ -3,7 +3,7 @@
     load(cls, data)          nested dicts (as TOML parses them) -> a checked `cls` (msgspec.convert)
     add_options(parser, cls) one --option per leaf field, its help the field's documentation
     build(cls, args, launch) a launch file's table overlaid with the command line's options -> `cls`
-    parse(cls, argv)         add_options and build for a program of its own (`python -m edgeinfer.engines.hf_peer`)
+    parse(cls, argv)         add_options and build for its own program (`python -m edgeinfer.engines.peers.hf_peer`)
     to_argv(cfg)             the inverse of add_options/build (configures child processes)
 
 A list field takes its values space separated, and repeated options add to it (`--policy A B`, `--policy A
@@ -411,7 +411,7 @@ def add_options(parser: argparse.ArgumentParser, *classes) -> None:
 
 def parse(cls, argv: list[str] | None, prog: str, description: str | None = None):
     """`cls` filled from command line `argv` (None: the process's) for a program of its own (`python -m
-    edgeinfer.engines.hf_peer`): the parser add_options builds, so that its -h reads as every edgeinfer
+    edgeinfer.engines.peers.hf_peer`): the parser add_options builds, so that its -h reads as every edgeinfer
     command's. Exits 2 (argparse's usage error) for an unknown option or a value argparse or `cls` refuses."""
     parser = argparse.ArgumentParser(prog=prog, description=description)
     add_options(parser, cls)

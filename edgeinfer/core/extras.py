@@ -5,7 +5,7 @@ one check that a command runs before its work starts, failing in one line that n
     logs     mcap, mcap_ros2, rosbags         MCAP and rosbag logs (replay, hil, train, sweep, ...); run.mcap
     sweep    ray                              edgeinfer sweep
     hf       transformers                     bench spec's Hugging Face peer rows
-    gpu      onnxruntime (the -gpu build)     onnxruntime on CUDA (engines/engine.py says which build is missing)
+    gpu      onnxruntime (the -gpu build)     onnxruntime on CUDA (engines/backends/engine.py names the missing build)
 
 Availability is looked up (importlib.util.find_spec), not imported: a check costs microseconds, where importing
 ray or transformers takes seconds.

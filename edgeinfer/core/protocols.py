@@ -7,7 +7,7 @@ An engine is the target policy compiled for one backend, precision and device, d
     engine.forward(obs, tokens, start) -> logits (T, n_bins) float32
         One target pass over sequence positions start .. start+T-1.
         start == 0 (prefill): obs (obs_dim,) float32 fills position 0 and tokens fill positions 1..;
-        for a token-prefix model (engines/model_protocol.py, prefix kind "tokens") obs is the prompt (P,)
+        for a token-prefix model (engines/models/model_protocol.py, prefix kind "tokens") obs is the prompt (P,)
         int, which plays position 0's role: the prefill's row 0 predicts the first generated token;
         start >= 1: obs is None and tokens (T of them) fill positions start.. .
         Logits row i predicts action token start + i (position p predicts token p).
@@ -20,7 +20,7 @@ An engine is the target policy compiled for one backend, precision and device, d
 A drafter proposes k tokens after `tokens` (greedy: `propose`; sampling: `propose_dist`, which also returns
 the (k, n_bins) proposal distribution q that the acceptance rule needs); `reset` gives it the observation the
 chunk starts from (q_rad (D,), qd_rad_s (D,), q_prev_rad (D,) float64). Implementations live in
-edgeinfer.engines (engines/drafters.py, engines/*_engine.py).
+edgeinfer.engines (engines/models/drafters.py, engines/*_engine.py).
 
 A runtime turns one observation into one ActionChunk within a budget (`Runtime`); the runtime node
 (edgeinfer/node/serve.py) drives it through that protocol only, whichever it is: the action-token policy
@@ -57,7 +57,7 @@ class Pass(NamedTuple):
 
 
 class BatchedEngine(Protocol):
-    """The target over several sequences at once (a fleet, core/fleet.py), each in its own KV-cache slot.
+    """The target over several sequences at once (a fleet, core/fleet_batching.py), each in its own KV-cache slot.
 
     forward_batch(passes) -> logits per pass, (T_i, n_bins) float32, in order, exactly what Engine.forward would
     return for that slot alone: the logits of a pass never depend on which other passes share the call (batch
@@ -97,8 +97,8 @@ class Runtime(Protocol):
     # D, the joints of the observations it takes (the node's receiver refuses others); None: any D
     n_joints: int | None
     n_chunks: int  # chunks made since the warm-up ended (the node's chunks_sent, and what serve() returns)
-    # backend auto's choice (engines/auto.py open_auto: "chosen", "why", "excluded", "candidates", ...), named in
-    # the node's start line and counted in its Stats; None: no engine was chosen at start-up
+    # backend auto's choice (engines/backends/auto.py open_auto: "chosen", "why", "excluded", "candidates", ...), named
+    # in the node's start line and counted in its Stats; None: no engine was chosen at start-up
     engine_choice: dict | None = None
     # the target engine (Engine above), what a fault drill slows (node/faults.py); None: no separate target engine
     engine: Engine | None = None

@@ -12,7 +12,7 @@ token is therefore the target's own greedy token, so the output is token-for-tok
 target-only greedy decoding, whatever the drafter proposes. Rejected drafts need no cache copy: their KV
 entries sit at positions past the committed prefix and are overwritten by the next pass (see model.py).
 
-The target is an Engine (edgeinfer.engines.engine): any backend, one interface.
+The target is an Engine (edgeinfer.engines.backends.engine): any backend, one interface.
 A `Planner` (edgeinfer.core.scheduler) decides before each pass how many drafts to verify, or that the tick's
 budget cannot hold another pass; decoding then stops with a verified prefix.
 """
@@ -79,8 +79,8 @@ class DecodeResult:
 
 class ChunkDecode:
     """One chunk's decoding as a state machine, one target pass at a time: the loop of speculative_decode below
-    and a fleet's batched passes (edgeinfer/core/fleet.py) drive this same code, so a robot's tokens come from one
-    implementation whoever runs its passes.
+    and a fleet's batched passes (edgeinfer/core/fleet_batching.py) drive this same code, so a robot's tokens come from
+    one implementation whoever runs its passes.
 
     obs: (obs_dim,) float32 features; drafter None: target-only. next_pass(slot, k) drafts k tokens now and returns
     the target pass to run (the prefill first); commit(logits) applies the acceptance rule to that pass's logits
@@ -153,8 +153,8 @@ def speculative_decode(engine: Engine, obs: np.ndarray, n_tokens: int, drafter: 
     committed tokens so far (the runtime publishes the first verified action step from it).
     """
     dec = ChunkDecode(obs, n_tokens, drafter, rule)
-    # an engine that runs greedy passes back to back in one call (engines/fused_engine.py): target-only stretches
-    # go there; greedy rules only (at k = 0 Relaxed is Greedy), sampling draws every token here
+    # an engine that runs greedy passes back to back in one call (engines/backends/fused_engine.py): target-only
+    # stretches go there; greedy rules only (at k = 0 Relaxed is Greedy), sampling draws every token here
     run = getattr(engine, "greedy_run", None) if isinstance(dec.rule, Greedy) else None
     while not dec.done:
         n = dec.n

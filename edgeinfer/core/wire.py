@@ -216,7 +216,7 @@ class Stats:
 
 @dataclass
 class Join:
-    """A robot asks a fleet runtime (edgeinfer/node/fleet.py) to serve it: robot -> runtime, on the robot's DEALER.
+    """A robot asks a fleet runtime (edgeinfer/node/fleet_node.py) to serve it: robot -> runtime, on the robot's DEALER.
     The runtime answers with an Admission. A Join again from an admitted robot (a restart) re-admits it."""
 
     SCHEMA: ClassVar[str] = "edgeinfer.Join"

@@ -37,7 +37,7 @@ class FaultConfig:
 
 
 class SlowEngine:
-    """An Engine (edgeinfer.engines.engine) whose every forward pass takes `delay_ns` longer (busy-waits the
+    """An Engine (edgeinfer.engines.backends.engine) whose every forward pass takes `delay_ns` longer (busy-waits the
     added time, so the wall time is exact); a run of m greedy passes in one call (greedy_run, where the engine
     has one) m * delay_ns longer. The scheduler sees, and plans with, the slowed costs."""
 

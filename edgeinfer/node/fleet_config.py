@@ -1,15 +1,15 @@
 """The fleet runtime's configuration (`edgeinfer fleet`): one runtime process serving many robots
-(edgeinfer/node/fleet.py; the protocol: Join -> Admission, Observations -> ActionChunks, Stop)."""
+(edgeinfer/node/fleet_node.py; the protocol: Join -> Admission, Observations -> ActionChunks, Stop)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from edgeinfer.core.fleet import FleetPolicy
+from edgeinfer.core.fleet_batching import FleetPolicy
 from edgeinfer.core.transport import is_loopback
-from edgeinfer.engines.drafters import DRAFTERS
-from edgeinfer.engines.paths import DEFAULT_POLICY
+from edgeinfer.engines.models.drafters import DRAFTERS
+from edgeinfer.engines.models.paths import DEFAULT_POLICY
 
 CONTROLLER = "controller"  # the routing id of the peer whose Stop ends the fleet runtime
 
@@ -17,15 +17,15 @@ CONTROLLER = "controller"  # the routing id of the peer whose Stop ends the flee
 @dataclass
 class FleetConfig:
     """The fleet runtime node: the policy it serves to every robot, its engine, the robots it admits, how it
-    schedules their chunks (scheduling: core/fleet.py FleetPolicy), and when it exits."""
+    schedules their chunks (scheduling: core/fleet_batching.py FleetPolicy), and when it exits."""
 
     policy: Path = DEFAULT_POLICY  # the policy's manifest JSON (the built-in policy, or a factory one)
     # Run a factory manifest's code (a policy folder with a "factory" is code; like RuntimeConfig's, off by default)
     trust_policy_code: bool = False
-    # the target's engine (batching: the batched engine, engines/batched.py, auto = fused; no batching: the
+    # the target's engine (batching: the batched engine, engines/backends/batched.py, auto = fused; no batching: the
     # single-sequence engine, auto = the fastest exact one here, measured at start-up as `edgeinfer serve` does)
     backend: Literal["auto", "fused", "torch", "onnxruntime"] = "auto"
-    drafter: str = "kinematic"  # each robot's drafter (its own instance), by name (engines/drafters.py)
+    drafter: str = "kinematic"  # each robot's drafter (its own instance), by name (engines/models/drafters.py)
     threads: int = 1  # intra-op threads of the engine
     n_slots: int = 32  # the most robots served at once (KV-cache slots of the batched engine)
     endpoint: str = "tcp://127.0.0.1:5590"  # the ROUTER the robots' DEALERs connect to (loopback only)

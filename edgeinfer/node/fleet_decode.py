@@ -6,11 +6,11 @@
     drop(robot)                                                     forget a robot's queued and in-flight work
     admission(join, budgets_ns) -> Admission                        admit a Join or refuse it, with the numbers
 
-BatchedDecoder (batching on): core/fleet.py FleetScheduler over the BatchedEngine of engines/batched.py, one batched
-target pass per step (iteration-level batching: a new chunk joins at the next pass). SequentialDecoder (batching
-off): one chunk per step, decoded to completion by the single-robot PolicyRuntime (node/runtime.py: its engine,
-backend auto, its planner and deadline check), the next chunk taken in EDF or arrival order. Both end a chunk on
-the single-robot fallback ladder (runtime.chunk_rung) and build it with runtime.build_chunk.
+BatchedDecoder (batching on): core/fleet_batching.py FleetScheduler over the BatchedEngine of
+engines/backends/batched.py, one batched target pass per step (iteration-level batching: a new chunk joins at the next
+pass). SequentialDecoder (batching off): one chunk per step, decoded to completion by the single-robot PolicyRuntime
+(node/runtime.py: its engine, backend auto, its planner and deadline check), the next chunk taken in EDF or arrival
+order. Both end a chunk on the single-robot fallback ladder (runtime.chunk_rung) and build it with runtime.build_chunk.
 """
 from __future__ import annotations
 
@@ -21,12 +21,12 @@ import numpy as np
 
 from edgeinfer.core.acceptance import Greedy
 from edgeinfer.core.clock import now_ns
-from edgeinfer.core.fleet import FleetScheduler, Request
+from edgeinfer.core.fleet_batching import FleetScheduler, Request
 from edgeinfer.core.protocols import BatchedEngine
 from edgeinfer.core.scheduler import SchedulerConfig, k_group
 from edgeinfer.core.speculative import ChunkDecode
 from edgeinfer.core.wire import ActionChunk, Admission, Join, Observation, decode, encode
-from edgeinfer.engines.drafters import make_drafter
+from edgeinfer.engines.models.drafters import make_drafter
 from edgeinfer.node.fleet_config import FleetConfig
 from edgeinfer.node.fleet_robots import Robot, admit_while_free
 from edgeinfer.node.runtime import PolicyRuntime, RuntimeConfig, build_chunk, chunk_rung
@@ -54,7 +54,7 @@ class Done:
 
 class BatchedDecoder:
     """FleetPolicy.batching on: every in-flight chunk in one batched target pass per step(). policy: the served
-    policy; engine: its target as a BatchedEngine (engines/batched.py open_batched)."""
+    policy; engine: its target as a BatchedEngine (engines/backends/batched.py open_batched)."""
 
     def __init__(self, cfg: FleetConfig, policy, engine: BatchedEngine):
         self.cfg, self.policy, self.engine = cfg, policy, engine
@@ -220,8 +220,8 @@ def make_decoder(cfg: FleetConfig) -> BatchedDecoder | SequentialDecoder:
     `policy` is the served policy."""
     if not cfg.scheduling.batching:
         return SequentialDecoder(cfg)
-    from edgeinfer.engines.batched import open_batched  # torch: only when the runtime runs
-    from edgeinfer.engines.served import load_served_policy
+    from edgeinfer.engines.backends.batched import open_batched  # torch: only when the runtime runs
+    from edgeinfer.engines.models.served import load_served_policy
 
     policy = load_served_policy(cfg.policy, cfg.trust_policy_code)
     engine = open_batched(policy, "fused" if cfg.backend == "auto" else cfg.backend, cfg.n_slots, cfg.threads)

@@ -5,8 +5,8 @@ engines/byo.ByoRuntime; make_runtime picks the one a RuntimeConfig asks for.
 
 Fallback ladder when the budget cannot hold the full plan, best first (every chunk names its rung):
     full      every action token verified by the target
-    coarse    DCT tokens (engines/dct_tokenizer.py): the whole horizon from the coefficient rows verified so far
-    partial   step tokens (engines/tokenizer.py): at least one whole step verified, the rest of the horizon the
+    coarse    DCT tokens (engines/models/dct_tokenizer.py): the whole horizon from the coefficient rows verified so far
+    partial   step tokens (engines/models/tokenizer.py): at least one whole step verified, the rest of the horizon the
               drafter's tokens after the verified prefix, unverified (ActionChunk.tokens: how many were verified)
     draft     no whole row verified: the verified prefix plus the drafter's tokens, unverified
     continue  nothing new: the control loop keeps the previous chunk
@@ -34,9 +34,9 @@ from edgeinfer.core.protocols import Drafter, Runtime
 from edgeinfer.core.scheduler import SchedulerConfig, TickPlanner
 from edgeinfer.core.speculative import DecodeResult, speculative_decode
 from edgeinfer.core.wire import ActionChunk, Observation, ObservationMismatch
-from edgeinfer.engines.drafters import DRAFTERS, applicable_drafters, make_drafter
-from edgeinfer.engines.paths import DEFAULT_POLICY, MAX_WEIGHTS_MB, resolve_policy, serve_defaults
-from edgeinfer.engines.tokenizer import decode_chunk
+from edgeinfer.engines.models.drafters import DRAFTERS, applicable_drafters, make_drafter
+from edgeinfer.engines.models.paths import DEFAULT_POLICY, MAX_WEIGHTS_MB, resolve_policy, serve_defaults
+from edgeinfer.engines.models.tokenizer import decode_chunk
 from edgeinfer.node.faults import FaultConfig
 
 DECODES = ("speculative", "target-only")
@@ -49,17 +49,18 @@ ULTRAFAST = {"backend": "auto", "precision": "fp32", "decode": "speculative", "d
 
 @dataclass
 class RuntimeConfig:
-    """The runtime node: the policy it serves, the engine the target runs on (edgeinfer.engines.engine), how
+    """The runtime node: the policy it serves, the engine the target runs on (edgeinfer.engines.backends.engine), how
     chunks are decoded and verified, and its liveliness and status messages."""
 
-    # The policy's manifest JSON (the built-in policy, or a factory: engines/factory.py), or a shipped policy's name:
-    # default, large (3.2 M parameters), dct. Its manifest's "serve" table may recommend a drafter and threads, used
-    # where those are not given (the large policy: its learned drafter, on two threads).
+    # The policy's manifest JSON (the built-in policy, or a factory: engines/models/factory.py), or a shipped policy's
+    # name: default, large (3.2 M parameters), dct. Its manifest's "serve" table may recommend a drafter and threads,
+    # used where those are not given (the large policy: its learned drafter, on two threads).
     policy: Path = DEFAULT_POLICY
     # the preset: ultrafast (exact: backend auto, fp32, speculative, kinematic drafter, greedy acceptance, any of those
     # set otherwise refused) or standard (the fields as given)
     mode: Literal["ultrafast", "standard"] = "standard"
-    # the engine the target runs on (auto: the fastest exact fp32 engine here, measured at start-up, engines/auto.py)
+    # the engine the target runs on (auto: the fastest exact fp32 engine here, measured at start-up,
+    # engines/backends/auto.py)
     backend: Literal["auto", "torch", "onnxruntime", "tensorrt", "fused", "packed"] = "auto"
     precision: Literal["fp32", "bf16", "fp8", "int8"] = "fp32"  # the engine's precision (bf16, fp8, int8: LOSSY)
     device: str = "cpu"  # the engine's device (cpu, cuda, cuda:1, ...)
@@ -88,12 +89,14 @@ class RuntimeConfig:
     # A gap in the observations while the control loop beats never ends the run.
     idle_timeout_s: float = 5.0
     runtime_cpus: list[int] | None = None  # CPUs the runtime may use (None: any)
-    byo_spec: Path | None = None  # bring your own policy: a spec TOML (engines/byo.py) served instead of `policy`
+    # bring your own policy: a spec TOML (engines/models/byo.py) served instead of `policy`
+    byo_spec: Path | None = None
     byo_model: Path | None = None  # the spec's model file replaced by this one (e.g. its TorchScript twin)
     # Publish each chunk's first verified action step as soon as it exists, then the whole chunk.
     stream_first_step: bool = True
     null_policy: bool = False  # serve NullRuntime (a chunk holding the observed position, at once): benchmarks
-    # Run a factory policy's code (engines/factory.py): a policy folder with a factory is code, loaded only when asked.
+    # Run a factory policy's code (engines/models/factory.py): a policy folder with a factory is code, loaded only when
+    # asked.
     trust_policy_code: bool = False
     max_policy_weights_mb: float = MAX_WEIGHTS_MB  # the cap of one policy weights file, MB (checked while read)
     # Observations older than this when they arrive are dropped and counted (obs_stale), ms; None: off (another
@@ -183,18 +186,18 @@ class PolicyRuntime(Runtime):
 
     def __init__(self, cfg: RuntimeConfig):
         # torch: only a node that runs the policy loads it
-        from edgeinfer.engines.served import load_served_policy, open_engine
+        from edgeinfer.engines.models.served import load_served_policy, open_engine
 
         self.cfg = cfg
-        # the built-in policy, or a factory policy (engines/factory.py: refused here if its load checks fail)
+        # the built-in policy, or a factory policy (engines/models/factory.py: refused here if its load checks fail)
         self.policy = load_served_policy(cfg.policy, cfg.trust_policy_code, cfg.max_policy_weights_mb)
         self.n_joints = self.policy.cfg.n_joints  # D of the observations it takes (serve.py's receiver checks it)
         names = applicable_drafters(self.policy) if cfg.drafter == "auto" else [cfg.drafter]
         self.drafters = {n: make_drafter(n, self.policy) for n in names} if cfg.decode == "speculative" else {}
         self.fallback = self.drafters.get("kinematic") or next(iter(self.drafters.values()), None)
-        self.engine_choice: dict | None = None  # backend auto: which engine and why (engines/auto.py)
+        self.engine_choice: dict | None = None  # backend auto: which engine and why (engines/backends/auto.py)
         if cfg.backend == "auto":  # measured with the drafter and k the chunks will use
-            from edgeinfer.engines.auto import PROBE_K, open_auto
+            from edgeinfer.engines.backends.auto import PROBE_K, open_auto
 
             self.engine, self.engine_choice = open_auto(self.policy, cfg.device, cfg.threads, self.fallback,
                                                         min(cfg.scheduler.k_max, PROBE_K))
@@ -253,7 +256,7 @@ class PolicyRuntime(Runtime):
             dr.reset(obs.q_rad, obs.qd_rad_s, obs.q_prev_rad)
         first_sent = on_first_step is None
         # the rung of a chunk cut at a row boundary; a factory's tokenizer without one decodes step-major (its
-        # contract, engines/factory.py)
+        # contract, engines/models/factory.py)
         prefix_rung = getattr(p.tokenizer, "prefix_rung", "partial")
 
         def publish_first_step(tokens: list[int]) -> None:
@@ -310,7 +313,7 @@ def build_chunk(policy, obs: Observation, tokens: list[int], rung: str, step_ns:
     obs.q_rad then the rows the tokens decode to (one per whole row for step tokens, H for DCT tokens: decode_chunk);
     ready now. res: the DecodeResult behind it, for its counts (None: the tokens alone)."""
     d = policy.cfg.n_joints
-    # DCT tokens are taken about the constant-velocity chunk of q - q_prev (engines/dct_tokenizer.py)
+    # DCT tokens are taken about the constant-velocity chunk of q - q_prev (engines/models/dct_tokenizer.py)
     steps = (obs.q_rad + decode_chunk(policy.tokenizer, np.array(tokens, dtype=np.int64), obs.q_rad - obs.q_prev_rad)
              if tokens or rung == "draft" else np.zeros((0, d)))
     return ActionChunk(
@@ -364,7 +367,7 @@ def make_runtime(cfg: RuntimeConfig) -> Runtime:
     elif cfg.byo_spec is not None:
         import torch
 
-        from edgeinfer.engines.byo import ByoRuntime
+        from edgeinfer.engines.models.byo import ByoRuntime
 
         torch.set_num_threads(cfg.threads)
         runtime = ByoRuntime(cfg.byo_spec, cfg.byo_model)

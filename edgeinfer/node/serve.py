@@ -6,8 +6,8 @@
                  budget's start) -> decode -> publish
     finish()     the final Stats out; close() the sockets
 
-Beside the loop, not in it: RuntimeLiveliness (edgeinfer/node/liveliness.py: the Heartbeat thread, the control
-loop's lease, the parent watch) and NodeTelemetry (edgeinfer/node/telemetry.py: counters, ErrorEvents, Stats).
+Beside the loop, not in it: RuntimeLiveliness (edgeinfer/node/node_liveliness.py: the Heartbeat thread, the control
+loop's lease, the parent watch) and NodeTelemetry (edgeinfer/node/node_telemetry.py: counters, ErrorEvents, Stats).
 The observation source's sessions (restarts), clock (an offset) and schedule (when the next observation is due) are
 edgeinfer/node/source.py.
 """
@@ -30,14 +30,14 @@ from edgeinfer.core.logwriter import emit
 from edgeinfer.core.protocols import Runtime
 from edgeinfer.core.scheduler import UNRESOLVED_BUDGET_MS
 from edgeinfer.core.wire import ActionChunk, Hello, Message, Observation, ObservationMismatch, Start, Stop
-from edgeinfer.engines.auto import choice_counters
+from edgeinfer.engines.backends.auto import choice_counters
 from edgeinfer.node import faults
 from edgeinfer.node.echo import start_echo
 from edgeinfer.node.handshake import await_control, await_start
-from edgeinfer.node.liveliness import RuntimeLiveliness
+from edgeinfer.node.node_liveliness import RuntimeLiveliness
+from edgeinfer.node.node_telemetry import NodeTelemetry
 from edgeinfer.node.runtime import RuntimeConfig, make_runtime
 from edgeinfer.node.source import NOT_TAKEN, DueWindow, ObservationSource
-from edgeinfer.node.telemetry import NodeTelemetry
 
 
 def serve(cfg: RuntimeConfig, endpoints: transport.Endpoints, handshake_timeout_s: float = 300.0) -> int:
@@ -82,7 +82,7 @@ class RuntimeNode:
         self.source = ObservationSource(other_host=other)
         self._budget_ns = int(UNRESOLVED_BUDGET_MS * 1e6)  # until a Start gives the control period (_begin)
         self._max_age_ns = int(cfg.max_obs_age_ms * 1e6) if cfg.max_obs_age_ms is not None else None
-        self._engine_choice, self._engine_counters = None, {}  # backend auto's choice (engines/auto.py)
+        self._engine_choice, self._engine_counters = None, {}  # backend auto's choice (engines/backends/auto.py)
 
     def open(self) -> "RuntimeNode":
         cfg, ep = self.cfg, self.endpoints

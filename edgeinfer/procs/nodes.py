@@ -11,7 +11,7 @@ the group (a replay's runtime and control nodes run in sessions of their own). P
 a (pid, create time) pair, which psutil.Process holds, names a process for good.
 
 Users: edgeinfer.launch (a launch file's nodes), edgeinfer.sim.replay and edgeinfer.sim.hil (the runtime and
-control nodes of a run), edgeinfer.bench.transport (a null runtime).
+control nodes of a run), edgeinfer.bench.transport_costs (a null runtime).
 """
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ import zmq
 
 from edgeinfer.core import transport
 from edgeinfer.core.lifecycle import PARENT_PID_ENV
-from edgeinfer.procs.spec import NodeSpec
+from edgeinfer.procs.node_spec import NodeSpec
 
 # Who sends a node a signal its own code does not: a hint for the error that names it.
 _SIGNAL_CAUSES = {signal.SIGKILL: ": the kernel's OOM killer, if no one ran kill -9 (dmesg names its victims)",

@@ -1,6 +1,6 @@
-"""A llama-style action policy served by edgeinfer through a factory (engines/factory.py, docs/byo-policy.md).
+"""A llama-style action policy served by edgeinfer through a factory (engines/models/factory.py, docs/byo-policy.md).
 
-The decoder blocks are engines/llama.py's (RMSNorm, RoPE, grouped-query attention, SwiGLU); what makes it an
+The decoder blocks are engines/models/llama.py's (RMSNorm, RoPE, grouped-query attention, SwiGLU); what makes it an
 action policy is the prefix: position 0 embeds the normalised observation (a linear map), action token i sits
 at position 1 + i, and logits at position p predict action token p (model protocol prefix kind "obs"). The KV
 cache is static, written by position, so a rejected draft needs no rollback work.
@@ -14,10 +14,10 @@ import numpy as np
 import torch
 from torch import nn
 
-from edgeinfer.engines.factory import FactoryPolicyConfig, PolicyParts
-from edgeinfer.engines.llama import Layer, LlamaConfig, RMSNorm, rope_table
-from edgeinfer.engines.policy import Normaliser
-from edgeinfer.engines.tokenizer import ActionTokenizer
+from edgeinfer.engines.models.factory import FactoryPolicyConfig, PolicyParts
+from edgeinfer.engines.models.llama import Layer, LlamaConfig, RMSNorm, rope_table
+from edgeinfer.engines.models.policy import Normaliser
+from edgeinfer.engines.models.tokenizer import ActionTokenizer
 
 
 class LlamaActionPolicy(nn.Module):

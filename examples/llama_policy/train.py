@@ -5,13 +5,13 @@ r"""Train the example llama-style action policy (policy.py) and its draft, and w
     edgeinfer replay --policy examples/llama_policy/manifest.json --trust-policy-code \
         --log ../shared/data/schunk_lwa4p/measurement_1
 
-The manifest's factory runs policy.py: serving it needs --trust-policy-code (engines/factory.py). With --out
+The manifest's factory runs policy.py: serving it needs --trust-policy-code (engines/models/factory.py). With --out
 elsewhere, policy.py is copied there, so that the folder holds its own code (a factory's module must be inside
 the manifest's folder).
 
 Data: the Schunk LWA 4P runs of the training split (edgeinfer.logs.arm_log.split_of, as `edgeinfer train`: runs
-n % 5 == 1 are held out and give the metrics), windows and tokenizer as engines/dataset.py and
-engines/tokenizer.py. The model trained is what the factory builds (policy.build, imported the way edgeinfer
+n % 5 == 1 are held out and give the metrics), windows and tokenizer as engines/training/dataset.py and
+engines/models/tokenizer.py. The model trained is what the factory builds (policy.build, imported the way edgeinfer
 imports it), so the weights fit the manifest by construction. Loss: next-token cross-entropy with teacher
 forcing, target and draft on the same batches. Writes target.pt, draft.pt (state dicts) and manifest.json.
 """
@@ -28,9 +28,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from edgeinfer.engines.dataset import chunk_windows, step_increments
-from edgeinfer.engines.factory import FactoryPolicyConfig, import_factory
-from edgeinfer.engines.tokenizer import ActionTokenizer
+from edgeinfer.engines.models.factory import FactoryPolicyConfig, import_factory
+from edgeinfer.engines.models.tokenizer import ActionTokenizer
+from edgeinfer.engines.training.dataset import chunk_windows, step_increments
 from edgeinfer.logs.arm_log import list_schunk_runs, read_schunk, split_of, synthetic_log
 
 HERE = Path(__file__).resolve().parent
