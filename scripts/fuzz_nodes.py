@@ -311,6 +311,21 @@ def rss_mb(nodes) -> dict[str, float]:
     return out
 
 
+class Sending:
+    """What fuzz's send loop sent (by the kind each message decodes to, overall and per generator) and saw: the
+    nodes that died, or what they had counted when their counts stalled (wait_for_window). A plain class, not a
+    dataclass: the tests load this script without registering it as a module."""
+
+    def __init__(self, generators: tuple[str, ...]):
+        self.sent = Counter()
+        self.by_generator = {g: Counter() for g in generators}
+        self.n_valid = 0  # valid observations on the schedule
+        self.frames = 0  # hostile frames sent
+        self.send_s = 0.0
+        self.died: dict = {}
+        self.stalled: dict | None = None
+
+
 def fuzz(args) -> dict:
     rng = random.Random(args.seed)
     ep = transport.Endpoints.free_loopback()
@@ -323,11 +338,7 @@ def fuzz(args) -> dict:
              NodeSpec("control", (control, ep), "control", args.out / "control.log")]
     ctx = zmq.Context()
     check = CommandCheck(limits, PERIOD_NS)
-    sent_by_generator = {g: Counter() for g in args.generators}
-    sent = Counter()  # by the kind each message decodes to
     rss: dict[str, dict] = {}
-    died, stalled, n_oversize, n_valid = {}, None, 0, 0
-    oversize_bytes = int(args.oversize_mb * 2**20)
     with NodeGroup(grace_s=5.0) as group:
         procs = [group.start(spec) for spec in specs]
         try:
@@ -338,58 +349,85 @@ def fuzz(args) -> dict:
             t0 = now_ns() + 100_000_000
             transport.send(h.obs, wire.Start(t0, PERIOD_NS, 10**12))
             rss["start"] = rss_mb(procs)
-            seq, next_obs_ns, t_start = 0, t0, time.monotonic()
-            frames = observation(0, t0, np.zeros(D), np.zeros(D), np.zeros(D))
-            i = 0
-            for i in range(args.frames):
-                if now_ns() >= next_obs_ns:  # a valid observation on the schedule, and the next template
-                    q = np.array([rng.uniform(-1, 1) for _ in range(D)])
-                    frames = observation(seq, now_ns(), q, np.zeros(D), q)
-                    h.obs.send_multipart(frames)
-                    sent["valid"] += 1
-                    n_valid += 1
-                    seq, next_obs_ns = seq + 1, max(next_obs_ns + PERIOD_NS, now_ns())
-                kind = args.generators[i % len(args.generators)]
-                if kind in MUTATIONS:
-                    bad = mutate(kind, frames, rng)
-                else:
-                    n_oversize += kind == "oversize"
-                    bad = structured(kind, frames, rng, seq, now_ns(), oversize_bytes,
-                                     big=kind == "oversize" and n_oversize % OVERSIZE_BIG_EVERY == 1)
-                    seq += kind in ("wrong_joints", "extreme_values")  # fresh observations take a seq of their own
-                decoded_as = classify(bad)
-                h.obs.send_multipart(bad)
-                sent[decoded_as] += 1
-                sent_by_generator[kind][decoded_as] += 1
-                if i % 64 == 0:
-                    stalled = wait_for_window(h, procs, sum(sent.values()), args)
-                    died = {n.name: n.poll() for n in procs if n.poll() is not None}
-                    if died or stalled:
-                        break
-                if i == args.frames // 10:
-                    rss["warm"] = rss_mb(procs)
-                if i % 100_000 == 0 and i:
-                    rate = i / (time.monotonic() - t_start)
-                    print(f"fuzz: {i} frames, {rate:.0f}/s, rss {rss_mb(procs)}", flush=True)
-            frames_sent = i + 1
-            send_s = time.monotonic() - t_start
-            deadline = time.monotonic() + (5.0 if died or stalled else 60.0)
-            while h.in_step() < sum(sent.values()) and time.monotonic() < deadline:
-                h.take()
-                time.sleep(0.05)
-            time.sleep(3 * STATS_MS / 1000)
-            h.take()
-            alive = {n.name: n.poll() is None for n in procs}
-            died = {n.name: n.poll() for n in procs if n.poll() is not None}
-            rss["end"] = rss_mb(procs)
-            stop = wire.Stop("end of fuzz")
-            transport.send(h.obs, stop)
-            exit_codes = group.finish(procs, poke=lambda: transport.send(h.obs, stop))
-            h.take()  # the final Stats, the last commands
-            n_chunks, n_commands = h.n_chunks, h.n_commands
-            tails = {n.name: n.exit_report()[1][-2000:] for n in procs if n.name in died}
+            sending = send_frames(args, h, procs, rng, t0, rss)
+            end = settle(h, group, procs, sending, rss)
         finally:
             ctx.destroy(linger=0)
+    sent = sending.sent
+    return {"frames": sending.frames, "frames_asked": args.frames, "seed": args.seed, "send_s": sending.send_s,
+            "frames_per_s": sending.frames / sending.send_s, "sent": dict(sent),
+            "sent_by_generator": {g: dict(c) for g, c in sending.by_generator.items()},
+            "observations_sent": sending.n_valid, "nodes": node_reports(h, sent), "rss_mb": rss, **end,
+            "stalled": sending.stalled, "chunks_received": h.n_chunks, "wrong_joint_chunks": h.wrong_joint_chunks,
+            "commands_received": h.n_commands, "commands": check.report(),
+            "limits": {k: getattr(limits, k) for k in ("q_min_rad", "q_max_rad", "qd_max_rad_s", "dt_max_s")}}
+
+
+def send_frames(args, h: Harness, procs, rng: random.Random, t0: int, rss: dict) -> Sending:
+    """Send args.frames hostile frames, one generator after another, with a valid observation whenever one is due
+    (every PERIOD_NS from t0), never more than args.window in flight; stop early when a node dies or stalls."""
+    sending = Sending(args.generators)
+    sent, n_oversize, oversize_bytes = sending.sent, 0, int(args.oversize_mb * 2**20)
+    seq, next_obs_ns, t_start = 0, t0, time.monotonic()
+    frames = observation(0, t0, np.zeros(D), np.zeros(D), np.zeros(D))
+    i = 0
+    for i in range(args.frames):
+        if now_ns() >= next_obs_ns:  # a valid observation on the schedule, and the next template
+            q = np.array([rng.uniform(-1, 1) for _ in range(D)])
+            frames = observation(seq, now_ns(), q, np.zeros(D), q)
+            h.obs.send_multipart(frames)
+            sent["valid"] += 1
+            sending.n_valid += 1
+            seq, next_obs_ns = seq + 1, max(next_obs_ns + PERIOD_NS, now_ns())
+        kind = args.generators[i % len(args.generators)]
+        if kind in MUTATIONS:
+            bad = mutate(kind, frames, rng)
+        else:
+            n_oversize += kind == "oversize"
+            bad = structured(kind, frames, rng, seq, now_ns(), oversize_bytes,
+                             big=kind == "oversize" and n_oversize % OVERSIZE_BIG_EVERY == 1)
+            seq += kind in ("wrong_joints", "extreme_values")  # fresh observations take a seq of their own
+        decoded_as = classify(bad)
+        h.obs.send_multipart(bad)
+        sent[decoded_as] += 1
+        sending.by_generator[kind][decoded_as] += 1
+        if i % 64 == 0:
+            sending.stalled = wait_for_window(h, procs, sum(sent.values()), args)
+            sending.died = {n.name: n.poll() for n in procs if n.poll() is not None}
+            if sending.died or sending.stalled:
+                break
+        if i == args.frames // 10:
+            rss["warm"] = rss_mb(procs)
+        if i % 100_000 == 0 and i:
+            rate = i / (time.monotonic() - t_start)
+            print(f"fuzz: {i} frames, {rate:.0f}/s, rss {rss_mb(procs)}", flush=True)
+    sending.frames = i + 1
+    sending.send_s = time.monotonic() - t_start
+    return sending
+
+
+def settle(h: Harness, group: NodeGroup, procs, sending: Sending, rss: dict) -> dict:
+    """Wait (60 s, 5 s after a death or stall) for the nodes to count what was sent, take their final Stats, and
+    stop them. Returns the report's alive_at_end, exit_codes, died and died_log_tail."""
+    deadline = time.monotonic() + (5.0 if sending.died or sending.stalled else 60.0)
+    while h.in_step() < sum(sending.sent.values()) and time.monotonic() < deadline:
+        h.take()
+        time.sleep(0.05)
+    time.sleep(3 * STATS_MS / 1000)
+    h.take()
+    alive = {n.name: n.poll() is None for n in procs}
+    died = {n.name: n.poll() for n in procs if n.poll() is not None}
+    rss["end"] = rss_mb(procs)
+    stop = wire.Stop("end of fuzz")
+    transport.send(h.obs, stop)
+    exit_codes = group.finish(procs, poke=lambda: transport.send(h.obs, stop))
+    h.take()  # the final Stats, the last commands
+    tails = {n.name: n.exit_report()[1][-2000:] for n in procs if n.name in died}
+    return {"alive_at_end": alive, "exit_codes": exit_codes, "died": died, "died_log_tail": tails}
+
+
+def node_reports(h: Harness, sent: Counter) -> dict:
+    """Per node: what it counted against what it must have counted (expected_counts), and its counters."""
     nodes = {}
     for name in ("runtime", "control"):
         got = counted(h.stats.get(name))
@@ -397,14 +435,7 @@ def fuzz(args) -> dict:
         nodes[name] = {"counted": dict(got), "expected": dict(want), "joints": joints,
                        "match": all(got[k] == want[k] for k in set(got) | set(want)),
                        "counters": dict(sorted(h.stats[name].counters.items())) if name in h.stats else {}}
-    return {"frames": frames_sent, "frames_asked": args.frames, "seed": args.seed, "send_s": send_s,
-            "frames_per_s": frames_sent / send_s, "sent": dict(sent),
-            "sent_by_generator": {g: dict(c) for g, c in sent_by_generator.items()},
-            "observations_sent": n_valid, "nodes": nodes, "rss_mb": rss, "alive_at_end": alive,
-            "exit_codes": exit_codes, "died": died, "died_log_tail": tails, "stalled": stalled,
-            "chunks_received": n_chunks, "wrong_joint_chunks": h.wrong_joint_chunks, "commands_received": n_commands,
-            "commands": check.report(), "limits": {k: getattr(limits, k) for k in
-                                                   ("q_min_rad", "q_max_rad", "qd_max_rad_s", "dt_max_s")}}
+    return nodes
 
 
 def wait_for_window(h: Harness, procs, n_sent: int, args) -> dict | None:

@@ -25,8 +25,6 @@ from __future__ import annotations
 import dataclasses
 import select
 import socket
-import subprocess
-import sys
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -42,6 +40,7 @@ from edgeinfer.core.telemetry import stats_summary
 from edgeinfer.engines.models.paths import DEFAULT_POLICY
 from edgeinfer.node.runtime import RuntimeConfig
 from edgeinfer.procs.node_spec import NodeSpec
+from edgeinfer.procs.peers import Peer, spawn_peer
 from edgeinfer.sim import roundtrip
 from edgeinfer.sim.host import sched_state
 from edgeinfer.sim.metrics import CONFIDENCE, measured_chunks, row_of_tick, summarize
@@ -249,17 +248,18 @@ def hil_nodes(cfg: HilConfig, ep: transport.Endpoints) -> list[NodeSpec]:
     return [NodeSpec("control", (cfg.control, ep), "control", cfg.out / "control.log")]
 
 
-def _start_prober(run: RunSession, echo: str, cfg: HilConfig, out: Path) -> subprocess.Popen:
-    """The round-trip prober (sim/roundtrip.py) to `echo`, writing its samples to `out`; killed at the run's
-    teardown if it still runs then."""
-    argv = [sys.executable, "-m", "edgeinfer.sim.roundtrip", echo, str(cfg.rtt_period_ms), str(cfg.rtt_timeout_ms),
-            str(out), *([str(cfg.curve_dir)] if _speaks_curve(cfg) else [])]
-    prober = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, start_new_session=True)
-    run.defer(prober.kill)  # a no-op once it has exited
+def _start_prober(run: RunSession, echo: str, cfg: HilConfig, out: Path) -> Peer:
+    """The round-trip prober (sim/roundtrip.py) to `echo`, writing its samples to `out`, started through procs
+    (procs/peers.py: a session of its own, the parent-pid watch); torn down at the run's teardown if it still
+    runs then."""
+    args = [echo, str(cfg.rtt_period_ms), str(cfg.rtt_timeout_ms), str(out),
+            *([str(cfg.curve_dir)] if _speaks_curve(cfg) else [])]
+    prober = spawn_peer("edgeinfer.sim.roundtrip", args, name="round-trip prober", stdin=True)
+    run.defer(prober.close)  # a no-op once it has exited
     return prober
 
 
-def _go(prober: subprocess.Popen, timeout_s: float = 30.0) -> None:
+def _go(prober: Peer, timeout_s: float = 30.0) -> None:
     """Start the prober's interleaved probes once it has connected and warmed up."""
     ready = select.select([prober.stdout], [], [], timeout_s)[0] and prober.stdout.readline().strip() == "ready"
     if not ready:
@@ -268,16 +268,15 @@ def _go(prober: subprocess.Popen, timeout_s: float = 30.0) -> None:
     prober.stdin.flush()
 
 
-def _stop_prober(prober: subprocess.Popen, out: Path, timeout_s: float) -> np.ndarray:
+def _stop_prober(prober: Peer, out: Path, timeout_s: float) -> np.ndarray:
     """Stop the interleaved probes (after the one in flight, up to timeout_s); their (k, 2) samples (none when
     the prober failed)."""
     try:
         prober.stdin.write("stop\n")
         prober.stdin.close()
-        prober.wait(timeout=5 + timeout_s)
-    except (BrokenPipeError, subprocess.TimeoutExpired):
-        prober.kill()
-        prober.wait()
+    except BrokenPipeError:  # it has exited already
+        pass
+    prober.finish(timeout_s=5 + timeout_s, term_s=0.1)
     return np.load(out, allow_pickle=False) if out.exists() else np.zeros((0, 2), dtype=np.int64)
 
 

@@ -119,22 +119,12 @@ def summarize(rec, log, cfg, deadline_ms: float, stride: int) -> tuple[dict, dic
     fallbacks.update(r for r in rung if r)
     outcomes = {k: int(np.sum(outcome == k)) for k in OUTCOMES}
     send_lateness_ms = (rec.t_sent_ns[:n] - t_sched) / 1e6
-    # late at the replayer although the control loop sent in time: transport or harness, not the policy path
-    late_but_sent_in_time = int(np.sum((outcome == "late") & (at_control_ms <= deadline_ms)))
     misses = n - outcomes["on_time"]
     row_of = row_of_tick(rec, n)
-    # One chunk per observation; a runtime that hands out the first verified step early sends it first, then
-    # the whole chunk (same observation): the first arrival times the first action, the last one is the chunk.
-    ch = rec.chunks
     slots, rows = measured_chunks(rec, row_of)
-    tokens, passes = int(ch.tokens[slots].sum()), int(ch.target_passes[slots].sum())
-    drafted, accepted = int(ch.drafted[slots].sum()), int(ch.accepted[slots].sum())
-    chunk_latency = (ch.t_recv_ns[slots] - t_sched[rows]).astype(float)
-    first_action = (ch.t_first_recv_ns[slots] - t_sched[rows]).astype(float)
     stages = stage_times_ms(rec, n, row_of)
     start_up = start_up_section(rec, deadline_ms, ticks)
     slo = getattr(cfg, "slo", None)
-    byo = cfg.runtime.byo_spec is not None
     return {
         "schema": "edgeinfer.replay/1",
         "schema_version": SCHEMA_VERSION,
@@ -142,14 +132,7 @@ def summarize(rec, log, cfg, deadline_ms: float, stride: int) -> tuple[dict, dic
         "log": log.name,
         "rate_hz": round(log.rate_hz, 3),
         "deadline_ms": deadline_ms,
-        "decode": "bring-your-own" if byo else cfg.runtime.decode,
-        "engine": (f"{Path(cfg.runtime.byo_model).name if cfg.runtime.byo_model else 'the model'} of "
-                   f"{cfg.runtime.byo_spec.name}" if byo
-                   else f"{cfg.runtime.backend} {cfg.runtime.precision} {cfg.runtime.device}"),
-        "drafter": cfg.runtime.drafter if cfg.runtime.decode == "speculative" and not byo else None,
-        "budget_ms": None if byo else cfg.runtime.scheduler.resolved_budget_ms(
-            cfg.runtime.replan_every_ticks or stride, rec.period_ns),
-        "k_max": cfg.runtime.scheduler.k_max if cfg.runtime.decode == "speculative" else 0,
+        **_decode_fields(cfg.runtime, stride, rec.period_ns),
         "interrupted": rec.interrupted,
         "observations_sent": n,
         "commands_received": int(np.sum(outcome != "lost")),
@@ -165,33 +148,70 @@ def summarize(rec, log, cfg, deadline_ms: float, stride: int) -> tuple[dict, dic
         "stages_ms": {k: latency_summary_ms(v * 1e6) for k, v in stages.items()},
         "outcomes": outcomes,
         "fallbacks": dict(fallbacks),
-        "chunks": {"received": len(slots), "rungs": _rung_counts(ch.rung[slots]),
-                   "time_to_chunk_ms": latency_summary_ms(chunk_latency),
-                   "time_to_chunk_ci95_ms": latency_ci_ms(chunk_latency, CONFIDENCE),
-                   # observation due -> its first verified action step received (an early first step, or the chunk)
-                   "time_to_first_action_ms": latency_summary_ms(first_action),
-                   "time_to_first_action_ci95_ms": latency_ci_ms(first_action, CONFIDENCE),
-                   "early_first_steps": int(np.sum(ch.t_first_recv_ns[slots] != ch.t_recv_ns[slots]))},
-        "spec": {"acceptance_rate": accepted / drafted if drafted else None,
-                 "tokens_per_target_pass": tokens / passes if passes else None,
-                 "target_passes_per_chunk": passes / len(slots) if len(slots) else None,
-                 "drafted": drafted, "accepted": accepted,
-                 "speculative_chunks": int(np.sum(ch.drafted[slots] > 0))},  # chunks that drafted at all
+        "chunks": _chunks_section(rec.chunks, slots, t_sched[rows]),
+        "spec": _spec_section(rec.chunks, slots),
         "quality": _quality(rec, slots, log, ticks, row_of, stride),
         "boundaries": boundary_section(rec, lambda s: _measured_chunk(rec, row_of, s)),
         # Harness health: if these are large, misses may come from the replayer, not the system under test.
         "replayer": replayer_section(rec, log),  # send timing error, skipped rows, faults injected
-        "harness": {"replayer_send_lateness_ms": latency_summary_ms(send_lateness_ms * 1e6),
-                    "latency_at_control_send_ms": latency_summary_ms(at_control_ms * 1e6),
-                    "late_but_sent_in_time": late_but_sent_in_time,
-                    "duplicate_commands": rec.duplicate_commands,
-                    "ticks_without_observation": int(rec.n_ticks - len(rec.tick) - start_up["pre_roll_ticks"]),
-                    "rejected_commands": rec.rejected_commands,
-                    "rejected_chunks": rec.rejected_chunks,
-                    "malformed_messages": rec.malformed},
+        "harness": _harness_section(rec, send_lateness_ms, at_control_ms, outcome, deadline_ms, start_up),
     }, {"tick": ticks - rec.pre_roll_ticks, "latency_ms": latency_ms, "outcome": outcome, "rung": rung,
         "send_lateness_ms": send_lateness_ms, "at_control_send_ms": at_control_ms, "stages_ms": stages,
         "t_s": (t_sched - rec.t0_ns) / 1e9}
+
+
+def _decode_fields(rt, stride: int, period_ns: int) -> dict:
+    """What decode ran: the report's decode, engine, drafter, budget_ms and k_max, from the RuntimeConfig `rt`."""
+    byo = rt.byo_spec is not None
+    return {
+        "decode": "bring-your-own" if byo else rt.decode,
+        "engine": (f"{Path(rt.byo_model).name if rt.byo_model else 'the model'} of {rt.byo_spec.name}" if byo
+                   else f"{rt.backend} {rt.precision} {rt.device}"),
+        "drafter": rt.drafter if rt.decode == "speculative" and not byo else None,
+        "budget_ms": None if byo else rt.scheduler.resolved_budget_ms(rt.replan_every_ticks or stride, period_ns),
+        "k_max": rt.scheduler.k_max if rt.decode == "speculative" else 0,
+    }
+
+
+def _chunks_section(ch, slots: np.ndarray, t_due_ns: np.ndarray) -> dict:
+    """The "chunks" section of the measured chunks `slots`, t_due_ns the due times of their observations. One
+    chunk per observation; a runtime that hands out the first verified step early sends it first, then the whole
+    chunk (same observation): the first arrival times the first action, the last one is the chunk."""
+    chunk_latency = (ch.t_recv_ns[slots] - t_due_ns).astype(float)
+    first_action = (ch.t_first_recv_ns[slots] - t_due_ns).astype(float)
+    return {"received": len(slots), "rungs": _rung_counts(ch.rung[slots]),
+            "time_to_chunk_ms": latency_summary_ms(chunk_latency),
+            "time_to_chunk_ci95_ms": latency_ci_ms(chunk_latency, CONFIDENCE),
+            # observation due -> its first verified action step received (an early first step, or the chunk)
+            "time_to_first_action_ms": latency_summary_ms(first_action),
+            "time_to_first_action_ci95_ms": latency_ci_ms(first_action, CONFIDENCE),
+            "early_first_steps": int(np.sum(ch.t_first_recv_ns[slots] != ch.t_recv_ns[slots]))}
+
+
+def _spec_section(ch, slots: np.ndarray) -> dict:
+    """The "spec" section: speculative decoding's figures over the measured chunks `slots`."""
+    tokens, passes = int(ch.tokens[slots].sum()), int(ch.target_passes[slots].sum())
+    drafted, accepted = int(ch.drafted[slots].sum()), int(ch.accepted[slots].sum())
+    return {"acceptance_rate": accepted / drafted if drafted else None,
+            "tokens_per_target_pass": tokens / passes if passes else None,
+            "target_passes_per_chunk": passes / len(slots) if len(slots) else None,
+            "drafted": drafted, "accepted": accepted,
+            "speculative_chunks": int(np.sum(ch.drafted[slots] > 0))}  # chunks that drafted at all
+
+
+def _harness_section(rec, send_lateness_ms: np.ndarray, at_control_ms: np.ndarray, outcome: np.ndarray,
+                     deadline_ms: float, start_up: dict) -> dict:
+    """The "harness" section: the replayer's and the control loop's own timing, and what was refused."""
+    # late at the replayer although the control loop sent in time: transport or harness, not the policy path
+    late_but_sent_in_time = int(np.sum((outcome == "late") & (at_control_ms <= deadline_ms)))
+    return {"replayer_send_lateness_ms": latency_summary_ms(send_lateness_ms * 1e6),
+            "latency_at_control_send_ms": latency_summary_ms(at_control_ms * 1e6),
+            "late_but_sent_in_time": late_but_sent_in_time,
+            "duplicate_commands": rec.duplicate_commands,
+            "ticks_without_observation": int(rec.n_ticks - len(rec.tick) - start_up["pre_roll_ticks"]),
+            "rejected_commands": rec.rejected_commands,
+            "rejected_chunks": rec.rejected_chunks,
+            "malformed_messages": rec.malformed}
 
 
 # Stages of one observation's path, in order; each is measured between two timestamps the messages carry.

@@ -3,10 +3,10 @@
 A DEALER sends a numbered 8-byte probe to the runtime node's echo (edgeinfer.node.echo.start_echo, a ROUTER that
 libzmq's proxy answers without the GIL) and times the reply on this host's monotonic clock: both timestamps are
 ours, so no clock of the other host enters the figure. During a replay the probes come from a child process of
-their own (`python -m edgeinfer.sim.roundtrip`), so that neither the replayer's pacing loop nor its GIL delays a
-reply's receipt, and the replayer's timing is not disturbed by the probes.
+their own (`python -m edgeinfer.sim.roundtrip`, started through procs/peers.py), so that neither the replayer's
+pacing loop nor its GIL delays a reply's receipt, and the replayer's timing is not disturbed by the probes.
 
-This module stays light (zmq and numpy): the child must start in a fraction of a second.
+This module stays light (zmq, numpy and core): the child must start in a fraction of a second.
 """
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ import numpy as np
 import zmq
 
 from edgeinfer.core.clock import now_ns, sleep_until
+from edgeinfer.core.lifecycle import ParentWatch
 from edgeinfer.core.transport import CurveKeys
 
 PROBE_BYTES = 8  # a sequence number: the figure is the network's fixed cost, not a bandwidth
@@ -79,14 +80,17 @@ def warm_up(sock: zmq.Socket, timeout_ns: int) -> bool:
 def _child(argv: list[str]) -> int:
     """`python -m edgeinfer.sim.roundtrip ENDPOINT PERIOD_MS TIMEOUT_MS OUT.npy [CURVE_DIR]`: print `ready` once
     connected and warmed up, wait for a line on stdin, then probe every PERIOD_MS until stdin has another line
-    (or closes); write the (k, 2) int64 samples to OUT.npy."""
+    (or closes); write the (k, 2) int64 samples to OUT.npy. Exits 1, writing nothing, when its starter dies
+    before the echo answers (core.lifecycle.ParentWatch)."""
     endpoint, period_ms, timeout_ms, out = argv[0], float(argv[1]), float(argv[2]), Path(argv[3])
     keys = CurveKeys.load(Path(argv[4])) if len(argv) > 4 else None
     ctx = zmq.Context()
     try:
         sock = connect(ctx, endpoint, keys)
+        watch = ParentWatch()  # its starter (procs/peers.py) names itself; an orphan stops waiting
         while not warm_up(sock, int(timeout_ms * 1e6)):  # the runtime may start after us
-            pass
+            if watch.parent_gone():
+                return 1
         print("ready", flush=True)
         sys.stdin.readline()  # go
         stop = lambda: bool(select.select([sys.stdin], [], [], 0)[0])  # noqa: E731 (a line or EOF: stop)

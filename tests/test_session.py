@@ -42,11 +42,15 @@ def _alive(pid: int) -> bool:
 
 
 def _edgeinfer_children() -> list[psutil.Process]:
-    """This process's living descendants that run edgeinfer (the nodes a run started)."""
+    """This process's living descendants that run edgeinfer (the nodes a run started; not the fork server, which
+    outlives runs by design and which an earlier test in this process may have started)."""
+    from edgeinfer.procs import forkserver
+
+    server = forkserver._client.proc.pid if forkserver._client is not None else None
     out = []
     for p in psutil.Process().children(recursive=True):
         try:
-            if p.status() != psutil.STATUS_ZOMBIE and "edgeinfer" in " ".join(p.cmdline()):
+            if p.pid != server and p.status() != psutil.STATUS_ZOMBIE and "edgeinfer" in " ".join(p.cmdline()):
                 out.append(p)
         except psutil.Error:
             pass

@@ -11,8 +11,6 @@ looks at its messages, and what edgeinfer's own codec and node loop are measured
 from __future__ import annotations
 
 import math
-import subprocess
-import sys
 import time
 import warnings
 
@@ -20,31 +18,10 @@ import msgspec
 import numpy as np
 import zmq
 
+from edgeinfer.procs.peers import Peer, spawn_peer
+
 # inf * 0 is NaN by design in the finite checks below (the value is then refused): not a warning to print
 warnings.filterwarnings("ignore", "invalid value encountered in dot", RuntimeWarning, module=__name__)
-
-# The echo peer: a REP socket that sends every request straight back. A separate process, as edgeinfer's
-# nodes are, so that neither side shares a GIL with the other.
-_ECHO = """
-import sys, zmq
-ctx = zmq.Context()
-rep = ctx.socket(zmq.REP)
-rep.setsockopt(zmq.LINGER, 0)
-rep.setsockopt(zmq.RCVTIMEO, 60_000)  # an orphan (its parent killed) exits after a minute of silence
-port = rep.bind_to_random_port("tcp://127.0.0.1")
-print(port, flush=True)
-while True:
-    try:
-        frames = rep.recv_multipart(copy=False)
-    except zmq.Again:
-        break
-    if len(frames) == 1 and frames[0].bytes == b"stop":
-        rep.send(b"stop")
-        break
-    rep.send_multipart(frames, copy=False)
-ctx.destroy(linger=0)
-"""
-
 
 def minimal_decode(frames) -> tuple[object, np.ndarray]:
     """(header, all arrays as one fresh float64 vector) of [msgpack header, array frames...]: the least a node
@@ -64,30 +41,10 @@ def minimal_encode(header, flat: np.ndarray) -> list:
     return [msgspec.msgpack.encode(header), flat]
 
 
-_PUBSUB_ECHO = """
-import sys, zmq
-from edgeinfer.bench.floors import minimal_decode, minimal_encode
-codec = sys.argv[2] == "codec"
-ctx = zmq.Context()
-sub = ctx.socket(zmq.SUB)
-sub.setsockopt(zmq.LINGER, 0)
-sub.setsockopt(zmq.SUBSCRIBE, b"")
-sub.setsockopt(zmq.RCVTIMEO, 60_000)  # an orphan (its parent killed) exits after a minute of silence
-sub.connect(sys.argv[1])
-pub = ctx.socket(zmq.PUB)
-pub.setsockopt(zmq.LINGER, 0)
-print(pub.bind_to_random_port("tcp://127.0.0.1"), flush=True)
-while True:
-    try:
-        frames = sub.recv_multipart(copy=False)
-    except zmq.Again:
-        break
-    if len(frames) == 1 and frames[0].bytes == b"stop":
-        break
-    echo = codec and len(frames) > 1  # a one-frame probe of the handshake goes back as it came
-    pub.send_multipart(minimal_encode(*minimal_decode(frames)) if echo else frames, copy=False)
-ctx.destroy(linger=0)
-"""
+def _start_echo(args: list[str]) -> Peer:
+    """An echo peer (bench/echo_peers.py: a process of its own, as edgeinfer's nodes are, so that neither side
+    shares a GIL with the other), started through procs (procs/peers.py); it prints its port first."""
+    return spawn_peer("edgeinfer.bench.echo_peers", args, name="raw zmq echo")
 
 
 def raw_pubsub_round_trip_ns(frames: list[bytes], n: int, idle_gap_ms: float = 0.0, warmup: int = 50,
@@ -109,8 +66,7 @@ def raw_pubsub_round_trip_ns(frames: list[bytes], n: int, idle_gap_ms: float = 0
             s.setsockopt(zmq.LINGER, 0)
         sub.setsockopt(zmq.SUBSCRIBE, b"")
         port = pub.bind_to_random_port("tcp://127.0.0.1")
-        peer = subprocess.Popen([sys.executable, "-c", _PUBSUB_ECHO, f"tcp://127.0.0.1:{port}",
-                                 "codec" if codec else "echo"], stdout=subprocess.PIPE, text=True)
+        peer = _start_echo(["pubsub", f"tcp://127.0.0.1:{port}", "codec" if codec else "echo"])
         line = peer.stdout.readline()
         if not line.strip().isdigit():
             raise RuntimeError(f"raw zmq PUB/SUB echo process did not start (exit code {peer.poll()})")
@@ -139,7 +95,7 @@ def raw_pubsub_round_trip_ns(frames: list[bytes], n: int, idle_gap_ms: float = 0
     finally:
         ctx.destroy(linger=0)
         if peer is not None:
-            _reap(peer)
+            peer.finish(timeout_s=2.0, term_s=1.0)  # told to stop: a straggler is terminated
 
 
 def raw_zmq_round_trip_ns(payload_bytes: int, n: int, idle_gap_ms: float = 0.0, warmup: int = 50) -> np.ndarray:
@@ -154,7 +110,7 @@ def raw_zmq_round_trip_ns(payload_bytes: int, n: int, idle_gap_ms: float = 0.0, 
     if payload_bytes < 0 or n < 1 or idle_gap_ms < 0 or warmup < 0:
         raise ValueError(f"need payload_bytes >= 0, n >= 1, idle_gap_ms >= 0, warmup >= 0; got "
                          f"{payload_bytes}, {n}, {idle_gap_ms}, {warmup}")
-    peer = subprocess.Popen([sys.executable, "-c", _ECHO], stdout=subprocess.PIPE, text=True)
+    peer = _start_echo(["rep"])
     ctx = zmq.Context()
     try:
         line = peer.stdout.readline()
@@ -170,7 +126,7 @@ def raw_zmq_round_trip_ns(payload_bytes: int, n: int, idle_gap_ms: float = 0.0, 
         return out
     finally:
         ctx.destroy(linger=0)
-        _reap(peer)
+        peer.finish(timeout_s=2.0, term_s=1.0)  # told to stop: a straggler is terminated
 
 
 def _timed(round_trip, n: int, idle_gap_ms: float, warmup: int) -> np.ndarray:
@@ -185,14 +141,3 @@ def _timed(round_trip, n: int, idle_gap_ms: float, warmup: int) -> np.ndarray:
         if i >= 0:
             out[i] = time.perf_counter_ns() - t
     return out
-
-
-def _reap(peer: subprocess.Popen) -> None:
-    """Wait briefly for an echo process that was told to stop; kill it if it does not."""
-    try:
-        peer.wait(timeout=2)
-    except subprocess.TimeoutExpired:
-        peer.kill()
-        peer.wait()
-    if peer.stdout is not None:
-        peer.stdout.close()

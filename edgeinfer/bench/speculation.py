@@ -158,6 +158,37 @@ def _fixed(k: int) -> TickPlanner:
     return p
 
 
+@dataclass
+class _Lineup:
+    """What every row of bench_spec decodes with: the target engine, the held-out chunks, the drafters and the
+    adaptive planners (one per choice: each drafter alone, AUTO over all of them, each stress drafter)."""
+
+    policy: Policy
+    engine: object
+    runs: dict[str, tuple[np.ndarray, np.ndarray]]
+    feats: np.ndarray
+    offsets: np.ndarray
+    drafters: tuple[str, ...]
+    models: dict
+    stressed: dict
+    choices: dict[str, list[str]]
+    adaptive: dict[str, TickPlanner]
+
+
+@dataclass
+class _HeldOut:
+    """The rows bench_spec times on the held-out chunks, overall and per run."""
+
+    base: _Row
+    fixed: dict[tuple[str, int], _Row]
+    adapt: dict[str, _Row]
+    late_base: _Row
+    late_collapsing: _Row
+    per_run_rates: dict
+    per_run_passes: dict
+    same_work: dict
+
+
 def bench_spec(policy: Policy | None = None, data_dir: Path | None = None, per_run: int = 12,
                drafters: tuple[str, ...] | None = None, ks: tuple[int, ...] = KS, backend: str = "torch",
                peer: bool = True, console: Console | None = None, repeats: int = 3, stress: bool = True,
@@ -169,13 +200,38 @@ def bench_spec(policy: Policy | None = None, data_dir: Path | None = None, per_r
     sampling row once). stress: add the stress rows, the slow drafter's proposals slow_ms slower.
     drafter_options: {drafter name: make_drafter's options}, e.g. {"learned": {"path": ...}} for another target's
     distilled drafter."""
-    from edgeinfer.engines.backends.build import load_engine
-
     console = console or Console(stderr=True)
     if peer:  # before any work: the peer rows come last, minutes in
         require("hf", "bench spec's Hugging Face peer rows (--no-peer skips them)")
     policy = policy or load_policy()
     data_dir = resolve_data_dir(data_dir)
+    lineup = _lineup(policy, data_dir, per_run, drafters, ks, backend, console, repeats, stress, slow_ms,
+                     drafter_options)
+    probes = _warm_up(lineup, data_dir, console)
+    held = _held_out(lineup, ks, repeats, console)
+    rows, best = _summary_rows(lineup, held, ks, probes)
+    rows += _relaxed_and_sampled(lineup, held.base, best[AUTO], repeats, console)
+    for r in rows:
+        r["speedup"] = round(r["tokens_per_s"] / rows[0]["tokens_per_s"], 3)
+    worst = min((r for r in rows if "per_run_vs_target_only" in r), key=lambda r: r["speedup"])
+    after = (round(held.late_collapsing.tokens_per_s() / held.late_base.tokens_per_s(), 3)
+             if held.late_collapsing.chunks else None)
+    if peer:
+        rows += _peer_rows(console)
+    return {"rows": rows, "adaptive_per_run": held.per_run_rates, "same_work_per_run": held.same_work,
+            "adaptive_worst": {"name": worst["name"], "speedup": worst["speedup"]},
+            "after_collapse_vs_target_only": after,
+            "config": {"backend": backend, "data_dir": str(data_dir), "per_run": per_run, "ks": list(ks),
+                       "repeats": repeats, "chunks": len(lineup.feats), "drafters": list(lineup.drafters),
+                       "stress": list(lineup.stressed), "slow_drafter_ms": slow_ms}}
+
+
+def _lineup(policy: Policy, data_dir: Path, per_run: int, drafters: tuple[str, ...] | None, ks: tuple[int, ...],
+            backend: str, console: Console, repeats: int, stress: bool, slow_ms: float,
+            drafter_options: dict[str, dict] | None) -> _Lineup:
+    """Load the held-out chunks, the target engine and the drafters; one adaptive planner per choice, unlimited."""
+    from edgeinfer.engines.backends.build import load_engine
+
     runs = held_out_chunks(policy, data_dir, per_run)
     say(console, f"bench spec: {len(drafters or policy.drafters)} drafter(s) x {len(ks)} k side by side on "
                  f"{sum(len(f) for f, _ in runs.values())} held-out chunks, {repeats} repeat(s) each")
@@ -190,83 +246,109 @@ def bench_spec(policy: Policy | None = None, data_dir: Path | None = None, per_r
     adaptive = {name: TickPlanner(SchedulerConfig(k_max=max(ks)), names) for name, names in choices.items()}
     for p in adaptive.values():
         p.unlimited()
-    base = _Row("target-only")
-    fixed = {(name, k): _Row(f"{name} k={k}") for name in drafters for k in ks}
-    adapt = {name: _Row("adaptive (drafter, k)" if name == AUTO else f"{getattr(models[name], 'label', name)} adaptive")
-             for name in choices}
-    per_run_rates, per_run_passes, same_work = {}, {}, {}
-    # Warm-up, as the runtime's before its start: first calls pay one-off costs, and the adaptive planners
-    # explore (edgeinfer.core.adaptive) on chunks of the training runs, never on the measured ones.
+    return _Lineup(policy, engine, runs, feats, offsets, drafters, models, stressed, choices, adaptive)
+
+
+def _warm_up(lineup: _Lineup, data_dir: Path, console: Console) -> dict[str, int]:
+    """Warm-up, as the runtime's before its start: first calls pay one-off costs, and the adaptive planners
+    explore (edgeinfer.core.adaptive) on chunks of the training runs, never on the measured ones. Returns each
+    planner's probes so far (the warm-up's, not counted)."""
+    engine, policy, adaptive = lineup.engine, lineup.policy, lineup.adaptive
     warm_feats, _, _ = sample_windows(policy, WARMUP_CHUNKS, seed=0, data_dir=data_dir, split="train")
     with Progress("bench spec: warming up (training runs, not measured)", len(warm_feats), console) as bar:
         for f in warm_feats:
             _decode([], engine, policy, f, {}, _fixed(0), Greedy(), None)
-            for name in choices:
-                _decode([], engine, policy, f, models, adaptive[name], Greedy(), None)
+            for name in lineup.choices:
+                _decode([], engine, policy, f, lineup.models, adaptive[name], Greedy(), None)
             bar.advance()
-    probes = {name: p.chooser.probes for name, p in adaptive.items()}  # the warm-up's, not counted
-    late_base, late_collapsing = _Row("after the collapse"), _Row("after the collapse")  # the second half
+    return {name: p.chooser.probes for name, p in adaptive.items()}
+
+
+def _held_out(lineup: _Lineup, ks: tuple[int, ...], repeats: int, console: Console) -> _HeldOut:
+    """Every greedy row side by side on each held-out chunk: target-only, the adaptive rows, target-only again,
+    every fixed (drafter, k); the per-run figures; the collapsing stress drafter's second half apart."""
+    choices, stressed, feats = lineup.choices, lineup.stressed, lineup.feats
+    held = _HeldOut(base=_Row("target-only"), fixed={(name, k): _Row(f"{name} k={k}") for name in lineup.drafters
+                                                       for k in ks},
+                    adapt={name: _Row("adaptive (drafter, k)" if name == AUTO
+                                      else f"{getattr(lineup.models[name], 'label', name)} adaptive")
+                           for name in choices},
+                    late_base=_Row("after the collapse"), late_collapsing=_Row("after the collapse"),  # the second half
+                    per_run_rates={}, per_run_passes={}, same_work={})
     with Progress("bench spec: held-out chunks, every row side by side", len(feats), console) as bar:
         done = 0
-        for run, (run_feats, _) in runs.items():
+        for run, (run_feats, _) in lineup.runs.items():
             run_base, run_again, run_adapt = _Row(run), _Row(run), {name: _Row(run) for name in choices}
             for f in run_feats:
-                rows_of = {None: [base, run_base]} | {name: [adapt[name], run_adapt[name]] for name in choices}
+                rows_of = {None: [held.base, run_base]} | {name: [held.adapt[name], run_adapt[name]]
+                                                           for name in choices}
                 if "collapsing" in stressed:  # the good drafter for the first half of the chunks, useless after
                     stressed["collapsing"].collapsed = done >= len(feats) // 2
                     if stressed["collapsing"].collapsed:
-                        rows_of[None].append(late_base)
-                        rows_of["collapsing"].append(late_collapsing)
+                        rows_of[None].append(held.late_base)
+                        rows_of["collapsing"].append(held.late_collapsing)
                 done += 1
-                # target-only first (the reference), then the adaptive rows, then every fixed (drafter, k)
-                jobs = [(rows_of[None], {}, _fixed(0))]
-                jobs += [(rows_of[name], models, adaptive[name]) for name in choices]
-                jobs += [([run_again], {}, _fixed(0))]  # target-only again: what identical work measures
-                jobs += [([fixed[(name, k)]], {"drafter": models[name]}, _fixed(k)) for name in drafters for k in ks]
-                _side_by_side(jobs, engine, policy, f, Greedy(), repeats)
+                _side_by_side(_jobs(lineup, held, rows_of, run_again, ks), lineup.engine, lineup.policy, f, Greedy(),
+                              repeats)
                 bar.advance()
-            per_run_rates[run] = {name: round(run_adapt[name].tokens_per_s() / run_base.tokens_per_s(), 3)
-                                  for name in choices}
-            per_run_passes[run] = {name: round(run_adapt[name].passes / run_adapt[name].chunks, 2)
-                                   for name in choices}
-            same_work[run] = round(run_again.tokens_per_s() / run_base.tokens_per_s(), 3)
-    base.identical = base.chunks  # the reference itself
-    rows = [base.summary(policy, feats, offsets) | {"same_work_per_run": same_work}]
-    best = {name: max(ks, key=lambda k: fixed[(name, k)].tokens_per_s()) for name in drafters}
+            held.per_run_rates[run] = {name: round(run_adapt[name].tokens_per_s() / run_base.tokens_per_s(), 3)
+                                       for name in choices}
+            held.per_run_passes[run] = {name: round(run_adapt[name].passes / run_adapt[name].chunks, 2)
+                                        for name in choices}
+            held.same_work[run] = round(run_again.tokens_per_s() / run_base.tokens_per_s(), 3)
+    return held
+
+
+def _jobs(lineup: _Lineup, held: _HeldOut, rows_of: dict, run_again: _Row, ks: tuple[int, ...]) -> list:
+    """One chunk's decodes, in order: target-only first (the reference), then the adaptive rows, then
+    target-only again (what identical work measures), then every fixed (drafter, k)."""
+    jobs = [(rows_of[None], {}, _fixed(0))]
+    jobs += [(rows_of[name], lineup.models, lineup.adaptive[name]) for name in lineup.choices]
+    jobs += [([run_again], {}, _fixed(0))]
+    jobs += [([held.fixed[(name, k)]], {"drafter": lineup.models[name]}, _fixed(k))
+             for name in lineup.drafters for k in ks]
+    return jobs
+
+
+def _summary_rows(lineup: _Lineup, held: _HeldOut, ks: tuple[int, ...], probes: dict[str, int]) -> tuple[list, dict]:
+    """(target-only's row, then per choice its best fixed k's row (not for AUTO and the stress drafters) and its
+    adaptive row; best: drafter -> its fastest k, AUTO -> the fastest (drafter, k))."""
+    policy, feats, offsets, fixed, adapt = lineup.policy, lineup.feats, lineup.offsets, held.fixed, held.adapt
+    held.base.identical = held.base.chunks  # the reference itself
+    rows = [held.base.summary(policy, feats, offsets) | {"same_work_per_run": held.same_work}]
+    best = {name: max(ks, key=lambda k: fixed[(name, k)].tokens_per_s()) for name in lineup.drafters}
     best[AUTO] = max(best.items(), key=lambda nk: fixed[nk].tokens_per_s())
-    for name in choices:
+    for name in lineup.choices:
         row = fixed[best[name]] if name == AUTO else fixed.get((name, best.get(name)))
-        if name not in (AUTO, *stressed):
+        if name not in (AUTO, *lineup.stressed):
             rows.append(row.summary(policy, feats, offsets) | {"k": best[name]})
         rows.append(adapt[name].summary(policy, feats, offsets) | {
             "vs_best_fixed": round(adapt[name].tokens_per_s() / row.tokens_per_s(), 3) if row else None,
-            "probes": adaptive[name].chooser.probes - probes[name],  # a few passes each (edgeinfer.core.adaptive)
+            "probes": lineup.adaptive[name].chooser.probes - probes[name],  # a few passes each (core.adaptive)
             "drafted_per_chunk": round(adapt[name].drafted / adapt[name].chunks, 2),
-            "per_run_vs_target_only": {run: r[name] for run, r in per_run_rates.items()},
+            "per_run_vs_target_only": {run: r[name] for run, r in held.per_run_rates.items()},
             # what the adaptive row did on each run (48 = target-only's): tells speculation from timing noise
-            "per_run_target_passes_per_chunk": {run: r[name] for run, r in per_run_passes.items()}})
-    name, k = best[AUTO]
+            "per_run_target_passes_per_chunk": {run: r[name] for run, r in held.per_run_passes.items()}})
+    return rows, best
+
+
+def _relaxed_and_sampled(lineup: _Lineup, base: _Row, best: tuple[str, int], repeats: int,
+                         console: Console) -> list[dict]:
+    """The fastest fixed (drafter, k) again, with relaxed acceptance (+/-1 bin, against target-only's tokens)
+    and with sampling at T=1: their two rows."""
+    name, k = best
+    policy, feats, offsets, engine = lineup.policy, lineup.feats, lineup.offsets, lineup.engine
     relaxed, sampled = _Row(f"{name} k={k} relaxed +/-1 bin", lossy=True), _Row(f"{name} k={k} sampling T=1")
     rule = Sampling(temperature=1.0, seed=0)
+    drafter = {"drafter": lineup.models[name]}
     with Progress("bench spec: relaxed and sampling rows", len(feats), console) as bar:
         for f, ref in zip(feats, base.decoded):
-            _decode([relaxed], engine, policy, f, {"drafter": models[name]}, _fixed(k), Relaxed(1), ref, repeats)
-            _decode([sampled], engine, policy, f, {"drafter": models[name]}, _fixed(k), rule, None)
+            _decode([relaxed], engine, policy, f, drafter, _fixed(k), Relaxed(1), ref, repeats)
+            _decode([sampled], engine, policy, f, drafter, _fixed(k), rule, None)
             bar.advance()
-    rows.append(relaxed.summary(policy, feats, offsets) | {"k": k})
-    rows.append(sampled.summary(policy, feats, offsets, exact_by="chi-square test (tests/test_sampling.py)") | {"k": k})
-    for r in rows:
-        r["speedup"] = round(r["tokens_per_s"] / rows[0]["tokens_per_s"], 3)
-    worst = min((r for r in rows if "per_run_vs_target_only" in r), key=lambda r: r["speedup"])
-    after = round(late_collapsing.tokens_per_s() / late_base.tokens_per_s(), 3) if late_collapsing.chunks else None
-    if peer:
-        rows += _peer_rows(console)
-    return {"rows": rows, "adaptive_per_run": per_run_rates, "same_work_per_run": same_work,
-            "adaptive_worst": {"name": worst["name"], "speedup": worst["speedup"]},
-            "after_collapse_vs_target_only": after,
-            "config": {"backend": backend, "data_dir": str(data_dir), "per_run": per_run, "ks": list(ks),
-                       "repeats": repeats, "chunks": len(feats), "drafters": list(drafters),
-                       "stress": list(stressed), "slow_drafter_ms": slow_ms}}
+    return [relaxed.summary(policy, feats, offsets) | {"k": k},
+            sampled.summary(policy, feats, offsets, exact_by="chi-square test (tests/test_sampling.py)")
+            | {"k": k}]
 
 
 def _peer_rows(console: Console) -> list[dict]:

@@ -129,16 +129,28 @@ def source_version() -> dict:
     return {"commit": commit.stdout.strip(), "dirty": bool(status.stdout.strip())}
 
 
+@dataclass
+class _Windows:
+    """The chunk windows the bench decodes: feats (N, 3D) raw and offsets (N, H, D) rad of every log, and the
+    observations drawn from them with the seed (in-process single stream, offline, warm-up)."""
+
+    logs: list
+    source: str
+    feats: np.ndarray
+    offsets: np.ndarray
+    pick: np.ndarray
+    obs: list
+    off_obs: list
+    warm: list
+
+
 def run_bench(cfg: BenchConfig, sc: Scenarios | None = None, console: Console | None = None,
               command: list[str] | None = None) -> dict:
     """Measure every ruler (see the module docstring); returns the result dict (schema edgeinfer.bench.suite/1)
     and writes it to cfg.json when set. A scenario that fails is recorded with its error, not fatal.
     Raises FileNotFoundError/ValueError for a bad scenarios file or log, LogError for a malformed log."""
-    from edgeinfer.bench.decode import observations, offline, open_runtime, single_stream
     from edgeinfer.bench.figures import add_ratios
-    from edgeinfer.bench.floor_loop import measure_floors, observation_payload_bytes
     from edgeinfer.engines.models.policy import load_policy
-    from edgeinfer.engines.training.dataset import chunk_windows
 
     console = console or Console(stderr=True)
     sc = sc or load_scenarios(cfg.scenarios)
@@ -150,84 +162,12 @@ def run_bench(cfg: BenchConfig, sc: Scenarios | None = None, console: Console | 
 
         forkserver.start(wait=False)
     policy = load_policy()
-    logs, source = _logs(cfg, console)
-    d = policy.cfg.n_joints
-    pcfg = policy.cfg
-    parts = [chunk_windows(log.q_rad, log.qd_rad_s, pcfg.horizon, pcfg.stride_ticks, log.t_s)[:2] for log in logs]
-    feats, offsets = np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
-    if len(feats) == 0:
-        raise ValueError(f"the logs ({source}) are too short for one chunk window")
-    rng = np.random.default_rng(seed)
-    n_obs, n_off = sc.decode.observations, sc.decode.offline_chunks
-    pick = np.sort(rng.choice(len(feats), n_obs, replace=n_obs > len(feats)))
-    pick_off = rng.choice(len(feats), n_off, replace=n_off > len(feats))
-    obs, off_obs = observations(feats[pick], d), observations(feats[pick_off], d)
-    warm = observations(feats[rng.choice(len(feats), min(sc.decode.warmup_chunks, len(feats)), replace=False)], d)
-
-    def runtime_cfg(decode: str, warmup_chunks: int) -> RuntimeConfig:
-        return RuntimeConfig(backend=cfg.backend, precision=cfg.precision, device=cfg.device, decode=decode,
-                             threads=cfg.threads, seed=seed, warmup_chunks=warmup_chunks)
-
-    result: dict = {
-        "schema": SCHEMA, "command": command if command is not None else sys.argv,
-        "config": json.loads(json.dumps(dataclasses.asdict(cfg), default=str)),  # paths as text
-        "scenarios": {**dataclasses.asdict(sc), "repeats": repeats, "seed": seed},
-        "machine": machine(), "source": source_version(), "started_unix_s": time.time(),
-        # 1-minute load average: other work on the machine while the bench ran (a figure's context)
-        "load_average_1min": {"start": os.getloadavg()[0], "end": None},
-        "data": {"source": source, "logs": [log.name for log in logs], "windows": int(len(feats)),
-                 "rate_hz": [round(log.rate_hz, 3) for log in logs]},
-        "seeds": {"observations": seed, "runtime": seed},
-        "engine": {"backend": cfg.backend, "precision": cfg.precision, "device": cfg.device, "threads": cfg.threads},
-    }
+    win = _windows(cfg, sc, policy, seed, console)
+    result = _result_head(cfg, sc, command, repeats, seed, win)
     log_line = lambda text: console.print(text, highlight=False, soft_wrap=True)  # noqa: E731  (one line each)
-
-    # floors first: nothing else of ours is running
-    if sc.replay:
-        try:
-            forkserver.start(wait=True)
-        except (RuntimeError, TimeoutError) as e:  # the e2e scenarios will record their failure
-            say(console, f"fork server for the e2e nodes: {e}", "red")
-    payload = observation_payload_bytes(d)
-    fl = sc.floors
-    floors = [measure_floors(payload, logs[0].period_ns, fl.round_trips, fl.idle_gap_ms, fl.idle_round_trips,
-                             fl.wake_ticks) for _ in range(repeats)]
-    result["floors"] = {"payload_bytes": payload, "period_ms": logs[0].period_ns / 1e6}
-    log_line(f"floors: {repeats} x ({fl.round_trips} zmq round trips, {fl.wake_ticks} wakes)")
-
-    # in-process: both decode modes open, repeats interleaved so that drift of the machine hits both alike
-    runtimes = {m: open_runtime(runtime_cfg(m, sc.decode.warmup_chunks), warm) for m in DECODES}
-    decode = {m: {"single": [], "offline": []} for m in DECODES}
-    for r in range(repeats):
-        for m in DECODES:
-            decode[m]["single"].append(single_stream(runtimes[m], obs, offsets[pick]))
-            decode[m]["offline"].append(offline(runtimes[m], off_obs))
-        log_line(f"in-process repeat {r + 1}/{repeats}: chunk p50 " + ", ".join(
-            f"{m} {np.median(decode[m]['single'][-1]['chunk_ms']):.2f} ms" for m in DECODES))
-    runtimes.clear()
-
-    # end to end: every scenario x log x repeat x decode mode, through real processes
-    e2e: dict = {}
-    for scen in sc.replay:
-        e2e[scen.name] = {"scenario": dataclasses.asdict(scen), "runs": {m: [] for m in DECODES}, "error": None}
-        try:
-            from edgeinfer.bench.e2e import run_scenario
-
-            n_rep = cfg.repeats or scen.repeats or repeats  # an explicit --repeats applies everywhere
-            for log in logs:
-                for r in range(n_rep):
-                    for m in DECODES:
-                        out = cfg.out / scen.name / log.name / m / f"r{r}"
-                        run = run_scenario(log, scen, runtime_cfg(m, scen.warmup_chunks), out)
-                        run["repeat"] = r
-                        e2e[scen.name]["runs"][m].append(run)
-                        log_line(f"{scen.name} {log.name} {m} repeat {r + 1}/{n_rep}: "
-                                 f"{run['deadline_misses']}/{run['observations']} misses, latency p50 "
-                                 f"{np.nanmedian(run['latency_ms']):.2f} ms")
-        except (RuntimeError, ValueError, OSError, TimeoutError) as e:  # one scenario's failure is recorded
-            e2e[scen.name]["error"] = f"{type(e).__name__}: {e}"
-            say(console, f"{scen.name}: {e}", "red")
-
+    floors = _floors(sc, win, policy.cfg.n_joints, repeats, result, log_line, console)
+    decode = _in_process(cfg, sc, win, seed, repeats, log_line)
+    e2e = _e2e(cfg, sc, win, seed, repeats, log_line, console)
     figures = _figures(decode, e2e, floors, sc)
     add_ratios(figures, {s.name: ("zmq round trip after idle" if s.burst_s is not None else "zmq round trip")
                          for s in sc.replay})
@@ -241,6 +181,116 @@ def run_bench(cfg: BenchConfig, sc: Scenarios | None = None, console: Console | 
         Path(cfg.json).parent.mkdir(parents=True, exist_ok=True)
         Path(cfg.json).write_text(json.dumps(result, indent=1) + "\n")
     return result
+
+
+def _windows(cfg: BenchConfig, sc: Scenarios, policy, seed: int, console: Console) -> _Windows:
+    """The logs' chunk windows and the observations drawn from them with `seed`. Raises ValueError when the
+    logs are too short for one window."""
+    from edgeinfer.bench.decode import observations
+    from edgeinfer.engines.training.dataset import chunk_windows
+
+    logs, source = _logs(cfg, console)
+    d = policy.cfg.n_joints
+    pcfg = policy.cfg
+    parts = [chunk_windows(log.q_rad, log.qd_rad_s, pcfg.horizon, pcfg.stride_ticks, log.t_s)[:2] for log in logs]
+    feats, offsets = np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
+    if len(feats) == 0:
+        raise ValueError(f"the logs ({source}) are too short for one chunk window")
+    rng = np.random.default_rng(seed)
+    n_obs, n_off = sc.decode.observations, sc.decode.offline_chunks
+    pick = np.sort(rng.choice(len(feats), n_obs, replace=n_obs > len(feats)))
+    pick_off = rng.choice(len(feats), n_off, replace=n_off > len(feats))
+    obs, off_obs = observations(feats[pick], d), observations(feats[pick_off], d)
+    warm = observations(feats[rng.choice(len(feats), min(sc.decode.warmup_chunks, len(feats)), replace=False)], d)
+    return _Windows(logs, source, feats, offsets, pick, obs, off_obs, warm)
+
+
+def _runtime_config(cfg: BenchConfig, seed: int, decode: str, warmup_chunks: int) -> RuntimeConfig:
+    return RuntimeConfig(backend=cfg.backend, precision=cfg.precision, device=cfg.device, decode=decode,
+                         threads=cfg.threads, seed=seed, warmup_chunks=warmup_chunks)
+
+
+def _result_head(cfg: BenchConfig, sc: Scenarios, command: list[str] | None, repeats: int, seed: int,
+                 win: _Windows) -> dict:
+    """The result's sections known before the first measurement: what ran, where, on which data."""
+    return {
+        "schema": SCHEMA, "command": command if command is not None else sys.argv,
+        "config": json.loads(json.dumps(dataclasses.asdict(cfg), default=str)),  # paths as text
+        "scenarios": {**dataclasses.asdict(sc), "repeats": repeats, "seed": seed},
+        "machine": machine(), "source": source_version(), "started_unix_s": time.time(),
+        # 1-minute load average: other work on the machine while the bench ran (a figure's context)
+        "load_average_1min": {"start": os.getloadavg()[0], "end": None},
+        "data": {"source": win.source, "logs": [log.name for log in win.logs], "windows": int(len(win.feats)),
+                 "rate_hz": [round(log.rate_hz, 3) for log in win.logs]},
+        "seeds": {"observations": seed, "runtime": seed},
+        "engine": {"backend": cfg.backend, "precision": cfg.precision, "device": cfg.device, "threads": cfg.threads},
+    }
+
+
+def _floors(sc: Scenarios, win: _Windows, d: int, repeats: int, result: dict, log_line, console: Console) -> list:
+    """The floors, first: nothing else of ours is running (the fork server, when e2e scenarios need it, is
+    waited for before). One measure_floors per repeat; puts the "floors" section in `result`."""
+    from edgeinfer.bench.floor_loop import measure_floors, observation_payload_bytes
+
+    if sc.replay:
+        from edgeinfer.procs import forkserver
+
+        try:
+            forkserver.start(wait=True)
+        except (RuntimeError, TimeoutError) as e:  # the e2e scenarios will record their failure
+            say(console, f"fork server for the e2e nodes: {e}", "red")
+    payload = observation_payload_bytes(d)
+    fl = sc.floors
+    period_ns = win.logs[0].period_ns
+    floors = [measure_floors(payload, period_ns, fl.round_trips, fl.idle_gap_ms, fl.idle_round_trips, fl.wake_ticks)
+              for _ in range(repeats)]
+    result["floors"] = {"payload_bytes": payload, "period_ms": period_ns / 1e6}
+    log_line(f"floors: {repeats} x ({fl.round_trips} zmq round trips, {fl.wake_ticks} wakes)")
+    return floors
+
+
+def _in_process(cfg: BenchConfig, sc: Scenarios, win: _Windows, seed: int, repeats: int, log_line) -> dict:
+    """In-process: both decode modes open, repeats interleaved so that drift of the machine hits both alike.
+    Returns decode mode -> {"single": [per repeat], "offline": [per repeat]}."""
+    from edgeinfer.bench.decode import offline, open_runtime, single_stream
+
+    runtimes = {m: open_runtime(_runtime_config(cfg, seed, m, sc.decode.warmup_chunks), win.warm) for m in DECODES}
+    decode = {m: {"single": [], "offline": []} for m in DECODES}
+    for r in range(repeats):
+        for m in DECODES:
+            decode[m]["single"].append(single_stream(runtimes[m], win.obs, win.offsets[win.pick]))
+            decode[m]["offline"].append(offline(runtimes[m], win.off_obs))
+        log_line(f"in-process repeat {r + 1}/{repeats}: chunk p50 " + ", ".join(
+            f"{m} {np.median(decode[m]['single'][-1]['chunk_ms']):.2f} ms" for m in DECODES))
+    runtimes.clear()
+    return decode
+
+
+def _e2e(cfg: BenchConfig, sc: Scenarios, win: _Windows, seed: int, repeats: int, log_line,
+         console: Console) -> dict:
+    """End to end: every scenario x log x repeat x decode mode, through real processes. Returns scenario name ->
+    {"scenario", "runs": {decode mode: [run]}, "error"}; a scenario's failure is recorded in its "error"."""
+    e2e: dict = {}
+    for scen in sc.replay:
+        e2e[scen.name] = {"scenario": dataclasses.asdict(scen), "runs": {m: [] for m in DECODES}, "error": None}
+        try:
+            from edgeinfer.bench.e2e import run_scenario
+
+            n_rep = cfg.repeats or scen.repeats or repeats  # an explicit --repeats applies everywhere
+            for log in win.logs:
+                for r in range(n_rep):
+                    for m in DECODES:
+                        out = cfg.out / scen.name / log.name / m / f"r{r}"
+                        run = run_scenario(log, scen, _runtime_config(cfg, seed, m, scen.warmup_chunks), out)
+                        run["repeat"] = r
+                        e2e[scen.name]["runs"][m].append(run)
+                        log_line(f"{scen.name} {log.name} {m} repeat {r + 1}/{n_rep}: "
+                                 f"{run['deadline_misses']}/{run['observations']} misses, latency p50 "
+                                 f"{np.nanmedian(run['latency_ms']):.2f} ms")
+        except (RuntimeError, ValueError, OSError, TimeoutError) as e:  # one scenario's failure is recorded
+            e2e[scen.name]["error"] = f"{type(e).__name__}: {e}"
+            say(console, f"{scen.name}: {e}", "red")
+    return e2e
 
 
 def _agreement(a: np.ndarray, b: np.ndarray) -> float:

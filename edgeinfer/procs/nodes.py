@@ -11,7 +11,9 @@ the group (a replay's runtime and control nodes run in sessions of their own). P
 a (pid, create time) pair, which psutil.Process holds, names a process for good.
 
 Users: edgeinfer.launch (a launch file's nodes), edgeinfer.sim.replay and edgeinfer.sim.hil (the runtime and
-control nodes of a run), edgeinfer.bench.transport_costs (a null runtime).
+control nodes of a run), edgeinfer.bench.transport_costs (a null runtime). Helper processes that are not nodes
+(a measuring peer: the hil round-trip prober, the transport bench's echo peers) start the same way through
+procs/peers.py.
 """
 from __future__ import annotations
 
@@ -37,7 +39,28 @@ _SIGNAL_CAUSES = {signal.SIGKILL: ": the kernel's OOM killer, if no one ran kill
                   signal.SIGSEGV: ": a crash in native code (an extension, a driver)"}
 
 
-class Node:
+class Started:
+    """A started process held as `proc` (subprocess.Popen, or a forkserver.ForkedNode): pid, returncode, poll()
+    and wait(timeout) (raises subprocess.TimeoutExpired) are its. Base of Node and procs.peers.Peer."""
+
+    proc: subprocess.Popen
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    @property
+    def returncode(self) -> int | None:
+        return self.proc.returncode
+
+    def poll(self) -> int | None:
+        return self.proc.poll()
+
+    def wait(self, timeout: float | None = None) -> int:
+        return self.proc.wait(timeout=timeout)
+
+
+class Node(Started):
     """A started node: its spec, its process (subprocess.Popen, or a forkserver.ForkedNode), its state
     ("starting", then "ready"/"running" as its starter says, "done"/"failed" on exit, "stopped" when torn down)
     and the descendants seen while it ran. Has the subprocess.Popen methods: pid, poll(), wait(timeout) (raises
@@ -53,20 +76,6 @@ class Node:
     @property
     def name(self) -> str:
         return self.spec.name
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
-
-    @property
-    def returncode(self) -> int | None:
-        return self.proc.returncode
-
-    def poll(self) -> int | None:
-        return self.proc.poll()
-
-    def wait(self, timeout: float | None = None) -> int:
-        return self.proc.wait(timeout=timeout)
 
     def send_signal(self, sig: int) -> None:
         if self.proc.poll() is None:  # not reaped yet, so the pid is still this node's
@@ -266,15 +275,15 @@ class NodeGroup:
         live = [n for n in reversed(nodes) if n.poll() is None]
         for node in live:
             node.note_descendants()
-            _signal_group(node.pid, signal.SIGTERM)
-            _signal_group(node.pid, signal.SIGCONT)  # a stopped process handles SIGTERM only once continued
+            signal_group(node.pid, signal.SIGTERM)
+            signal_group(node.pid, signal.SIGCONT)  # a stopped process handles SIGTERM only once continued
             self.say(node, "SIGTERM", "")
         deadline = time.monotonic() + self.grace_s
         for node in live:
             try:
                 node.wait(timeout=max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                _signal_group(node.pid, signal.SIGKILL)
+                signal_group(node.pid, signal.SIGKILL)
                 node.wait()
                 self.say(node, f"SIGKILL after {self.grace_s} s", "red")
         kill_tree([p for n in nodes for p in n.descendants.values()], self.grace_s)
@@ -311,7 +320,9 @@ def _living(p: psutil.Process) -> bool:
         return False
 
 
-def _signal_group(pid: int, sig: int) -> None:
+def signal_group(pid: int, sig: int) -> None:
+    """Send `sig` to the process group led by `pid` (a node or peer leads its own session); a no-op when the group
+    is gone."""
     try:
         os.killpg(pid, sig)  # the node leads its own session, so its group id is its pid
     except (ProcessLookupError, PermissionError):
