@@ -3,7 +3,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from edgeinfer.bench.ceiling import ceiling, ceiling_lines, chunk_us
+from edgeinfer.bench.ceiling import ceiling, ceiling_lines, chunk_us, speedup_at
 
 # `edgeinfer bench engines --policy large` on the 2-core EPYC VM: packed fp32, two threads (p50 us per pass)
 PACKED_X2 = {"1": 107.42, "2": 121.76, "3": 140.62, "4": 164.07, "5": 195.1, "6": 232.31, "7": 271.6, "8": 309.06,
@@ -45,6 +45,12 @@ def test_the_oracle_bounds_every_measured_drafter(costs, n):
     assert 1.0 <= partial["ratio"] <= oracle["ratio"] + 1e-9
 
 
+def test_speedup_at_a_k_that_loses_is_below_one_not_clamped():
+    linear = {t: 100.0 * t for t in range(1, 6)}  # k + 1 tokens cost k + 1 passes
+    assert speedup_at(linear, 48, 4, 2.0) < 1.0 == ceiling(linear, 48, {4: 2.0})["ratio"]
+    assert speedup_at(linear, 48, 4, 2.0) == pytest.approx(4800 / (100 + 47 / 2.0 * 500))
+
+
 def test_the_bench_lines_pair_each_drafter_row_with_its_engines_curve():
     def row(decode, k, chunk_us, passes, threads):
         return {"policy": "p", "backend": "packed", "precision": "fp32", "threads": threads, "decode": decode, "k": k,
@@ -59,4 +65,7 @@ def test_the_bench_lines_pair_each_drafter_row_with_its_engines_curve():
     [line] = ceiling_lines(result)
     assert line.startswith("p: ceiling of speculation on packed fp32 x2 threads")
     assert "learned k=4 (3.53 tokens per verify pass)" in line and "measured x0.89" in line
+    shifted = {int(t): c - PACKED_X2["1"] + 4961.0 / 48 for t, c in PACKED_X2.items()}  # the chunk's cost per pass
+    bound = (48 * shifted[1]) / (shifted[1] + 47 / (47 / 13.3) * shifted[5])
+    assert f"x{bound:.2f} with free drafting" in line
     assert line.count("learned") == 1

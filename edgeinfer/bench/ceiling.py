@@ -35,20 +35,33 @@ def ceiling(pass_cost_us: Mapping[int, float], n_tokens: int,
     pass_us: what one target-only pass really costs inside a decode (a chunk's time over its tokens), when the
     decoder adds a fixed cost to every pass that the curve, timed on the engine alone, does not hold (torch's eager
     loop): every pass of the curve is then shifted by pass_us - c(1). Raises ValueError without c(1)."""
+    cost = _curve(pass_cost_us, pass_us)
+    per_k = {k: float(k + 1) for k in range(1, max(cost))} if tokens_per_pass is None else \
+        {int(k): float(t) for k, t in tokens_per_pass.items() if int(k) + 1 in cost}
+    best = {"ratio": 1.0, "k": 0}
+    for k, t in per_k.items():
+        ratio = speedup_at(cost, n_tokens, k, t)
+        if ratio > best["ratio"]:
+            best = {"ratio": round(ratio, 3), "k": k}
+    return best
+
+
+def speedup_at(pass_cost_us: Mapping[int, float], n_tokens: int, k: int, tokens_per_pass: float,
+               pass_us: float | None = None) -> float:
+    """Target-only's chunk time over speculation's at this k and T_k, with free drafting (below 1: speculation at
+    this k loses even then). Arguments and errors as ceiling's, plus KeyError when the curve lacks k + 1."""
+    cost = _curve(pass_cost_us, pass_us)
+    return chunk_us(cost, n_tokens, 0, 1.0) / chunk_us(cost, n_tokens, k, tokens_per_pass)
+
+
+def _curve(pass_cost_us: Mapping[int, float], pass_us: float | None) -> dict[int, float]:
+    """{tokens: us} with int keys, shifted so that c(1) = pass_us when given. Raises ValueError without c(1)."""
     cost = {int(t): float(us) for t, us in pass_cost_us.items()}
     if 1 not in cost:
         raise ValueError("the pass-cost curve has no single-token pass (key 1)")
     if pass_us is not None:
         cost = {t: us - cost[1] + pass_us for t, us in cost.items()}
-    plain = chunk_us(cost, n_tokens, 0, 1.0)
-    per_k = {k: float(k + 1) for k in range(1, max(cost))} if tokens_per_pass is None else \
-        {int(k): float(t) for k, t in tokens_per_pass.items() if int(k) + 1 in cost}
-    best = {"ratio": 1.0, "k": 0}
-    for k, t in per_k.items():
-        ratio = plain / chunk_us(cost, n_tokens, k, t)
-        if ratio > best["ratio"]:
-            best = {"ratio": round(ratio, 3), "k": k}
-    return best
+    return cost
 
 
 def ceiling_lines(result: dict) -> list[str]:
@@ -79,8 +92,10 @@ def ceiling_lines(result: dict) -> list[str]:
             if r["decode"] in ("target-only", "one-graph", "preset") or not passes or passes <= 1 or own is None:
                 continue
             t = min((n_tokens - 1) / (passes - 1), r["k"] + 1)
-            cap = ceiling(curve, n_tokens, {r["k"]: t}, pass_us)
-            parts.append(f"{r['decode']} k={r['k']} ({t:.2f} tokens per verify pass) x{cap['ratio']:.2f} with free "
+            if r["k"] + 1 not in {int(n) for n in curve}:
+                continue
+            cap = speedup_at(curve, n_tokens, r["k"], t, pass_us)
+            parts.append(f"{r['decode']} k={r['k']} ({t:.2f} tokens per verify pass) x{cap:.2f} with free "
                          f"drafting, measured x{own['chunk_us_p50'] / r['chunk_us_p50']:.2f}")
         lines.append(f"{policy}: ceiling of speculation on {engine} (estimated from its pass-cost curve): "
                      + "; ".join(parts))
