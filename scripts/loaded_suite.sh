@@ -20,7 +20,7 @@ echo "loaded_suite: $BURNERS burners on $(nproc) cores ($(grep -m1 'model name' 
 failed=0
 for run in $(seq "$RUNS"); do
     start=$(date +%s)
-    .venv/bin/python -m pytest -q -p no:cacheprovider "$@" > "/tmp/loaded_suite_$run.log" 2>&1
+    .venv/bin/python -m pytest -q -n auto --dist worksteal -p no:cacheprovider "$@" > "/tmp/loaded_suite_$run.log" 2>&1
     rc=$?
     echo "loaded_suite: run $run: exit $rc in $(( $(date +%s) - start )) s: $(tail -1 "/tmp/loaded_suite_$run.log")"
     [ "$rc" = 0 ] || failed=1

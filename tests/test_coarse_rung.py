@@ -165,7 +165,7 @@ def test_a_replay_under_a_cut_budget_sends_coarse_chunks_and_holds_no_tick(tmp_p
     runtime = RuntimeConfig(policy=policy, decode="target-only", warmup_chunks=6,
                             scheduler=SchedulerConfig(quantile=0.5), faults=FaultConfig(fault_pass_delay_ms=1.0))
     report = replay(ReplayConfig(log=log, duration_s=1.5, time_scale=0.5, out=tmp_path / "out", plots=False,
-                                 runtime=runtime), Console(quiet=True))
+                                 fork_nodes=True, runtime=runtime), Console(quiet=True))
     n, rungs, fallbacks = report["observations_sent"], report["chunks"]["rungs"], report["fallbacks"]
     assert report["budget_ms"] == 40.0 and n >= 350 and sum(report["outcomes"].values()) == n
     assert rungs.get("full", 0) == 0 and rungs.get("partial", 0) == 0  # 39 passes never verify 48 tokens

@@ -52,6 +52,10 @@ def test_every_command_help_lists_every_field_of_its_configs(path, monkeypatch, 
             assert action.help and "\n" not in action.help, option  # its field's documentation, one line
             if default != "required" and default is not None:
                 assert "(default: " in action.help, option
+    for option, action in by_option.items():  # the options that are no config field's too (--policy, --out, ...)
+        if not isinstance(action, argparse._HelpAction):
+            text = re.sub(r"\((default: .*|required)\)$", "", action.help or "").strip()
+            assert text and "\n" not in text, f"edgeinfer {' '.join(path)} {option}: no one-line description"
 
 
 def test_the_commands_that_had_hand_written_parsers_keep_their_option_names_and_defaults():

@@ -152,7 +152,8 @@ def test_an_export_with_empty_cells_and_a_two_hour_gap_replays_in_seconds(tmp_pa
                       for c, vals in cols.items()})
     pacsv.write_csv(table, tmp_path / "export.csv")
     t0 = time.monotonic()
-    cfg = ReplayConfig(log=tmp_path / "export.csv", bad_rows="fill", out=tmp_path / "out", plots=False, run_mcap=False)
+    cfg = ReplayConfig(log=tmp_path / "export.csv", bad_rows="fill", out=tmp_path / "out", plots=False, run_mcap=False,
+                       fork_nodes=True)
     report = replay(cfg, Console(quiet=True))
     assert time.monotonic() - t0 < 120  # not two hours
     source = report["replayer"]["log_source"]

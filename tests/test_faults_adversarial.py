@@ -76,7 +76,7 @@ def test_adversarial_rows_follow_the_seed_and_leave_the_other_faults_in_place():
 def test_replay_with_adversarial_observations_stays_inside_the_limits_and_counts_them(tmp_path):
     # the real Schunk measurement_1 (3.7 s) where ../shared/data has it, else the embedded log; the real policy
     cfg = ReplayConfig(log=SCHUNK_LOG if SCHUNK_LOG.is_dir() else None, duration_s=4.0, out=tmp_path / "out",
-                       plots=False, faults=NetworkFaultConfig(adversarial_rate=0.08, fault_seed=3))
+                       plots=False, fork_nodes=True, faults=NetworkFaultConfig(adversarial_rate=0.08, fault_seed=3))
     report = replay(cfg, Console(quiet=True))
     assert report["safety"]["commands_checked"] == report["commands_received"] + report["start_up"]["commands_received"]
     assert report["safety"] == {**report["safety"], "nonfinite": 0, "outside_position_limits": 0,

@@ -56,7 +56,8 @@ def test_engine_slowed_past_its_budget_still_commands_every_tick(tmp_path, facto
     budget_ms = 20.0
     runtime = RuntimeConfig(faults=FaultConfig(fault_pass_delay_ms=factor * budget_ms))
     assert runtime.scheduler.resolved_budget_ms(5, 4_000_000) == budget_ms  # the Schunk policy at 250 Hz
-    report = replay(ReplayConfig(log=_log(tmp_path, 3.0), out=tmp_path / "out", runtime=runtime), Console(quiet=True))
+    report = replay(ReplayConfig(log=_log(tmp_path, 3.0), out=tmp_path / "out", runtime=runtime, fork_nodes=True),
+                    Console(quiet=True))
     _accounting(report)
     _every_tick_commanded(report)
     _safe(report)
@@ -101,7 +102,7 @@ def test_runtime_killed_then_restarted_holds_and_recovers(tmp_path):
 
 def test_malformed_flood_is_counted_by_both_nodes_which_keep_running(tmp_path):
     # the null policy (a chunk per observation at no cost) keeps this about the transport, not the decoder
-    cfg = ReplayConfig(log=_log(tmp_path, 6.0), out=tmp_path / "out", garbage_per_row=2,
+    cfg = ReplayConfig(log=_log(tmp_path, 6.0), out=tmp_path / "out", garbage_per_row=2, fork_nodes=True,
                        runtime=RuntimeConfig(null_policy=True))
     report = replay(cfg, Console(quiet=True))
     sent = report["garbage_sent"]
@@ -125,7 +126,8 @@ def test_malformed_flood_is_counted_by_both_nodes_which_keep_running(tmp_path):
 def test_no_observation_is_lost_to_a_late_subscriber(tmp_path):
     # the runtime subscribes seconds late (it loads and warms up its engine first): the start handshake
     # must still deliver observation 0 onwards to both nodes
-    cfg = ReplayConfig(log=_log(tmp_path, 1.0), out=tmp_path / "out", runtime=RuntimeConfig(warmup_chunks=30))
+    cfg = ReplayConfig(log=_log(tmp_path, 1.0), out=tmp_path / "out", runtime=RuntimeConfig(warmup_chunks=30),
+                       fork_nodes=True)
     report = replay(cfg, Console(quiet=True))
     n = report["replayer"]["rows_sent"]  # not the rows it skipped as stale after a stall of this machine
     assert n > 0.5 * report["observations_sent"]
@@ -138,7 +140,8 @@ def test_no_observation_is_lost_to_a_late_subscriber(tmp_path):
 
 def test_non_finite_policy_output_never_reaches_the_robot(tmp_path):
     runtime = RuntimeConfig(faults=FaultConfig(fault_nonfinite_every=3))
-    report = replay(ReplayConfig(log=_log(tmp_path, 3.0), out=tmp_path / "out", runtime=runtime), Console(quiet=True))
+    report = replay(ReplayConfig(log=_log(tmp_path, 3.0), out=tmp_path / "out", runtime=runtime, fork_nodes=True),
+                    Console(quiet=True))
     _accounting(report)
     _every_tick_commanded(report)
     _safe(report)

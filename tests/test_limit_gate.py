@@ -198,7 +198,7 @@ def test_a_replay_with_limits_the_log_leaves_commands_inside_them(tmp_path):
     log = synthetic_log(seconds=2.0)
     log.q_rad[:, 0] += 1.0 - log.q_rad[0, 0] + 0.2  # joint 0 starts (and stays a while) outside [-3, 1]
     write_schunk(log, tmp_path / "log")
-    cfg = ReplayConfig(log=tmp_path / "log", out=tmp_path / "out")
+    cfg = ReplayConfig(log=tmp_path / "log", out=tmp_path / "out", fork_nodes=True)
     cfg.control.limits = SafetyLimits(q_min_rad=[-3.0] * 6, q_max_rad=[1.0, 3, 3, 3, 3, 3], qd_max_rad_s=2.0)
     report = replay(cfg, Console(quiet=True))
     safety = report["safety"]

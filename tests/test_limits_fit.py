@@ -64,7 +64,7 @@ def test_a_replay_beyond_the_manifests_fitted_limits_says_so(tmp_path):
     narrow[[1, 4]] = lo[[1, 4]] + 0.5 * (hi - lo)[[1, 4]]  # fitted on another episode: half of joints 1 and 4
     limits = {"q_min_rad": (lo - 0.01).tolist(), "q_max_rad": np.where(narrow < hi, narrow, hi + 0.01).tolist(),
               "qd_max_rad_s": [2.0] * D, "source": "fitted", "margin": "test"}
-    cfg = ReplayConfig(log=tmp_path / "log", out=tmp_path / "out")
+    cfg = ReplayConfig(log=tmp_path / "log", out=tmp_path / "out", fork_nodes=True)
     cfg.runtime.policy = _tiny_policy(tmp_path / "p.json", limits)
     console = Console(record=True, width=250, force_terminal=False)
     report = replay(cfg, console)

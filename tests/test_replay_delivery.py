@@ -13,7 +13,7 @@ from edgeinfer.sim.run_config import ReplayConfig
 
 @pytest.mark.parametrize("pacing", [{"as_fast_as_possible": True}, {"time_scale": 20.0}], ids=["afap", "x20"])
 def test_every_observation_sent_is_delivered_and_counted(tmp_path, pacing):
-    cfg = ReplayConfig(out=tmp_path, plots=False, host_baseline_s=0.0, duration_s=1.5,
+    cfg = ReplayConfig(out=tmp_path, plots=False, host_baseline_s=0.0, duration_s=1.5, fork_nodes=True,
                        control=ControlConfig(phase_ms=0.05), **pacing)
     obs = replay(cfg, Console(quiet=True))["observations"]
     assert obs["sent"] >= 375 + 40  # 1.5 s of rows at 250 Hz, and the pre-roll (200 ms)

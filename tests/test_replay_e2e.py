@@ -35,7 +35,7 @@ def test_real_schunk_measurement_speculative(schunk_dir, tmp_path):
     # k fixed (adaptive off): whether the adaptive planner speculates depends on the measured cost of a pass, so
     # on the host's load (with two CPU burners on this 2-core VM it drafted nothing in a whole run); it is
     # tested on an injected clock (tests/test_adaptive_probe.py, tests/test_runtime_auto.py)
-    cfg = ReplayConfig(log=schunk_dir / "measurement_1", out=tmp_path,
+    cfg = ReplayConfig(log=schunk_dir / "measurement_1", out=tmp_path, fork_nodes=True,
                        runtime=RuntimeConfig(scheduler=SchedulerConfig(adaptive=False)))
     report = replay(cfg, Console(quiet=True))
     on_disk = json.loads((tmp_path / "report.json").read_text())
@@ -102,7 +102,7 @@ def test_dropped_sample_keeps_every_later_observation_on_its_tick(tmp_path):
     log = synthetic_log(seconds=2.0)
     keep = np.r_[0:100, 101:len(log)]
     write_schunk(ArmLog("gap", log.t_s[keep], log.q_rad[keep], log.qd_rad_s[keep]), tmp_path / "gap")
-    report = replay(ReplayConfig(log=tmp_path / "gap", out=tmp_path / "out"), Console(quiet=True))
+    report = replay(ReplayConfig(log=tmp_path / "gap", out=tmp_path / "out", fork_nodes=True), Console(quiet=True))
     _check_accounting(report)
     assert report["observations_sent"] == len(log) - 1
     assert report["harness"]["ticks_without_observation"] == 1
