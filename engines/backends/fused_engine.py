@@ -154,17 +154,24 @@ def _attention(qkv, t, start, layer, n_heads, kv, scores, y):
                     s += q[e] * kj[e]
                 scores[j] = s * scale
                 top = max(top, scores[j])
-            total = 0.0
-            for j in range(p + 1):
-                scores[j] = math.exp(scores[j] - top)
-                total += scores[j]
-            yr = y[r, h * hd:(h + 1) * hd]
-            yr[:] = 0.0
-            for j in range(p + 1):
-                pj = scores[j] / total
-                vj = vc[j]
-                for e in range(hd):
-                    yr[e] += pj * vj[e]
+            softmax_mix(scores, p, top, vc, y[r, h * hd:(h + 1) * hd])
+
+
+@_kernel(error_model="numpy")
+def softmax_mix(scores, p, top, vc, out):
+    """out[:] = sum over j <= p of softmax(scores[:p + 1])[j] * vc[j], the attention's value mix in float64;
+    top: max(scores[:p + 1]) (subtracted before exp); scores[:p + 1] become the unnormalised weights. One kernel
+    for the fused and the packed engine."""
+    total = 0.0
+    for j in range(p + 1):
+        scores[j] = math.exp(scores[j] - top)
+        total += scores[j]
+    out[:] = 0.0
+    for j in range(p + 1):
+        pj = scores[j] / total
+        vj = vc[j]
+        for e in range(out.shape[0]):
+            out[e] += pj * vj[e]
 
 
 @_kernel

@@ -57,6 +57,7 @@ from edgeinfer.engines.backends.fused_engine import (
     _check,
     _kernel,
     _layer_norm,
+    softmax_mix,
 )
 from edgeinfer.engines.backends.simd import linear, pack_linear, padded, panel_columns
 from edgeinfer.engines.backends.spin import LINE, cas, load, store
@@ -154,16 +155,7 @@ def _attention(qkv, t, start, d, n_heads, k_cache, v_cache, scores, acc, y, part
             top = scores[0]
             for j in range(1, p + 1):
                 top = scores[j] if scores[j] > top else top
-            total = 0.0
-            for j in range(p + 1):
-                scores[j] = math.exp(scores[j] - top)
-                total += scores[j]
-            acc[:] = 0.0
-            for j in range(p + 1):
-                pj = scores[j] / total
-                vj = vc[j]
-                for e in range(hd):
-                    acc[e] += pj * vj[e]
+            softmax_mix(scores, p, top, vc, acc)
             for e in range(hd):
                 y[r, h * hd + e] = np.float32(acc[e])
 
