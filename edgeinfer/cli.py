@@ -10,7 +10,7 @@ from pathlib import Path
 from edgeinfer import entry_points as run
 from edgeinfer.core import commands
 from edgeinfer.core.commands import Command
-from edgeinfer.core.config import add_options, build, expand_bool_flags, load_launch
+from edgeinfer.core.config import add_options, build, expand_bool_flags, load_launch, name_options
 from edgeinfer.core.lifecycle import raise_interrupt
 
 # ------------------------------------------------------------------------------------- the command table
@@ -271,6 +271,8 @@ def main(argv: list[str] | None = None) -> int:
         text = e.args[0] if isinstance(e, KeyError) and e.args else e  # KeyError's str() adds quotes
         if isinstance(e, OSError):
             text = _option_error(e, parsers.get(path), args) or text
+        elif isinstance(e, ValueError) and getattr(args, "launch", None) is None and path in parsers:
+            text = name_options(str(text), parsers[path])  # the options typed, not the config's fields
         print(f"edgeinfer {name}: error: {text}", file=sys.stderr)
         return 2
 

@@ -203,7 +203,8 @@ def hil(cfg: HilConfig, console: Console | None = None) -> dict:
     stages = _hil_sections(report, rec, per_tick, cfg, ep, echo, robot, network_section(before, during, echo))
     node_stats = {name: _same_clock_stats(stats_summary(st)) for name, st in sorted(rec.node_stats.items())}
     robot_sections(report, rec, prep, run, node_stats, console, cfg.out)
-    write_outputs(report, per_tick, rec, prep.log, cfg, console, partial(_plots, stages=stages), stages)
+    write_outputs(report, per_tick, rec, prep.log, cfg, console, partial(_plots, stages=stages), stages,
+                  title="edgeinfer hil")
     _say_network(report["network"], console)
     return report
 

@@ -30,7 +30,6 @@ from rich.console import Console
 
 from edgeinfer.core import transport
 from edgeinfer.core.clock import SpinTail, now_ns
-from edgeinfer.core.extras import missing_line
 from edgeinfer.core.progress import Progress, say
 from edgeinfer.core.telemetry import stats_summary
 from edgeinfer.core.wire import ActionChunk, JointCommand, Observation, Start, Stats, encode
@@ -173,14 +172,7 @@ def _say_before_start(cfg: ReplayConfig, prep: Prepared, console: Console) -> No
     its first chunk (the wait for it is then explained); make cfg.out; assign the CPUs (cfg.pin_cpus)."""
     if cfg.runtime.byo_spec is None and (reason := unavailable_reason(cfg.runtime.backend, cfg.runtime.device)):
         raise RuntimeError(f"backend {cfg.runtime.backend!r} on {cfg.runtime.device}: {reason}")
-    gaps = prep.shortened
-    if gaps["count"]:
-        say(console, f"log: {gaps['count']} gap(s) longer than --max-gap-s {cfg.max_gap_s:g} s replayed as "
-                     f"{cfg.max_gap_s:g} s ({gaps['ticks_removed'] * prep.log.period_ns / 1e9:.1f} s of log time cut; "
-                     f"rows {gaps['rows']})", "yellow")
     cfg.out.mkdir(parents=True, exist_ok=True)
-    if cfg.run_mcap and (why := missing_line("logs", "run.mcap (--run-mcap false skips it)", ("mcap",))):
-        say(console, why, "yellow")  # said before the run; the file is skipped after it
     say(console, start_up_line(cfg.runtime))
     if cfg.pin_cpus:
         _assign_cpus(cfg)

@@ -247,7 +247,7 @@ def _mrad(x: Any) -> Any:
     return x * 1e3 if isinstance(x, (int, float)) else x
 
 
-def print_table(reports: list[dict], console: Console | None = None) -> Table:
+def print_table(reports: list[dict], console: Console | None = None, title: str = "edgeinfer replay") -> Table:
     """Print one rich Table with a column per report (e.g. target-only next to speculative); returns it.
 
     Rows: log, decode, rate, deadline, counts, latency p50/p90/p99/p999 with 95 % CIs and max, misses, miss
@@ -258,7 +258,7 @@ def print_table(reports: list[dict], console: Console | None = None) -> Table:
     real-time grants). Missing or None values print as "-". Then each report's safety warnings, one line each.
     """
     console = console or Console()
-    table = Table(title="edgeinfer replay")
+    table = Table(title=title)
     table.add_column("metric", style="bold")
     for i, r in enumerate(reports):
         table.add_column(_column_title(r, i), justify="right")

@@ -136,7 +136,8 @@ def write_run_mcap(rec, log, report: dict, per_tick: dict, cfg, path: Path) -> d
     try:
         from mcap.writer import Writer
     except ImportError as e:
-        return {"file": None, "skipped": f"the mcap library is not installed ({e}): {install_hint('logs')}"}
+        return {"file": None, "skipped": f"the mcap library is not installed ({e}): {install_hint('logs')}",
+                "missing_library": True}
     t_start = time.perf_counter()
     path = Path(path)
     tmp = path.with_suffix(".mcap.tmp")
@@ -264,10 +265,11 @@ def _flat(tree: dict, prefix: str = "") -> dict[str, str]:
 
 def run_mcap_section(rec, log, report: dict, per_tick: dict, cfg, console=None) -> dict:
     """report.json's "run_mcap": cfg.out/run.mcap written (write_run_mcap's result), or why not (cfg.run_mcap
-    false, the mcap library missing, an unwritable file: also printed on `console`, a rich Console)."""
+    false, the mcap library missing, an unwritable file: the last also printed on `console`, a rich Console; the
+    missing library is said before the run, session.prepare)."""
     if not cfg.run_mcap:
         return {"file": None, "skipped": "run_mcap is false (--run-mcap false)"}
     result = write_run_mcap(rec, log, report, per_tick, cfg, cfg.out / FILE)
-    if result["file"] is None and console is not None:
+    if result["file"] is None and console is not None and not result.get("missing_library"):  # that: said before
         console.print(f"[yellow]{FILE} skipped: {escape(result['skipped'])}[/yellow]")  # [logs] is not markup
     return result

@@ -28,6 +28,7 @@ from rich.console import Console
 
 from edgeinfer.control.limits import ResolvedLimits
 from edgeinfer.core import clock, transport
+from edgeinfer.core.extras import missing_line
 from edgeinfer.core.lifecycle import InterruptSignals
 from edgeinfer.core.progress import say
 from edgeinfer.core.wire import Stop
@@ -87,7 +88,8 @@ class Prepared:
 def prepare(cfg: ReplayConfig, console: Console) -> Prepared:
     """Read the log (reader options: cfg's, else the policy manifest's; cut to cfg.duration_s), check that the policy
     runs on it (preflight.check_run_fits), resolve the joint limits into cfg.control.limits (the control node gets
-    every value) and say their warnings on `console`. Raises LogError, ValueError as check_run_fits."""
+    every value) and say their warnings on `console`, with the log's shortened gaps and a run.mcap the missing mcap
+    library will skip. Raises LogError, ValueError as check_run_fits."""
     options, policy_defaults = log_defaults(cfg, console)
     log = load_log(cfg.log, cfg.log_format, **options)
     if cfg.duration_s is not None:
@@ -101,6 +103,12 @@ def prepare(cfg: ReplayConfig, console: Console) -> Prepared:
         say(console, f"limits: {warning}", "yellow")
     # a gap of hours between two sessions of an export replays as max_gap_s, not in hours (reported)
     ticks, shortened = replay_ticks(log, cfg.max_gap_s)
+    if shortened["count"]:
+        say(console, f"log: {shortened['count']} gap(s) longer than --max-gap-s {cfg.max_gap_s:g} s replayed as "
+                     f"{cfg.max_gap_s:g} s ({shortened['ticks_removed'] * log.period_ns / 1e9:.1f} s of log time cut; "
+                     f"rows {shortened['rows']})", "yellow")
+    if cfg.run_mcap and (why := missing_line("logs", "run.mcap (--run-mcap false skips it)", ("mcap",))):
+        say(console, why, "yellow")  # said before the run; the file is skipped after it, silently
     return Prepared(log, policy, limits, policy_defaults, deadline_ms, period_ns, ticks, shortened)
 
 
@@ -258,14 +266,19 @@ def say_exit_codes(console: Console, exit_codes: dict[str, int | None], out: Pat
 
 
 def write_outputs(report: dict, per_tick: dict, rec, log: ArmLog, cfg, console: Console,
-                  plots: Callable[[dict, dict, Path], None] | None = write_plots, stages: dict | None = None) -> None:
+                  plots: Callable[[dict, dict, Path], None] | None = write_plots, stages: dict | None = None,
+                  title: str = "edgeinfer replay") -> None:
     """Write a finished run under cfg.out: run.mcap (report["run_mcap"] says what was written, or why not; after the
     run: never timed), report.json, ticks.csv, plots(report, per_tick, cfg.out) (None: none), and the table on
-    `console`. stages: {stage: (n,) ms} for run.mcap's /tick instead of per_tick's (hil: this host's clock only)."""
+    `console` under `title` (and a line saying so when the run was interrupted). stages: {stage: (n,) ms} for
+    run.mcap's /tick instead of per_tick's (hil: this host's clock only)."""
     per_tick_mcap = per_tick if stages is None else per_tick | {"stages_ms": stages}
     report["run_mcap"] = run_mcap_section(rec, log, report, per_tick_mcap, cfg, console)
     write_report(report, cfg.out)
     write_ticks(per_tick, cfg.out / "ticks.csv")
     if plots is not None:
         plots(report, per_tick, cfg.out)
-    print_table([report], console)
+    print_table([report], console, title)
+    if report.get("interrupted"):
+        say(console, f"interrupted: {report['observations_sent']} of {len(rec.t_sched_ns)} observations sent; the "
+                     "figures above cover those only (report.json: interrupted true)", "yellow")

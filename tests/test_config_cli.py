@@ -279,3 +279,23 @@ def test_replay_and_hil_share_their_robot_side_fields_and_defaults():
         assert isinstance(cfg, CommandConfig) and (cfg.blend_ms, cfg.limits) == (10.0, SafetyLimits())
     with pytest.raises(ValueError, match="HilConfig.time_scale"):
         HilConfig(endpoint="tcp://127.0.0.1:40000", time_scale=50)
+
+
+@pytest.mark.parametrize("argv, said", [
+    (["--budget-ms", "0.01"], "error: --budget-ms (0.01) must exceed --margin-ms (0.5)"),
+    (["--k-max", "99"], "error: --k-max must be in 0..64, got 99"),
+    (["--duration-s", "-1"], "error: --duration-s must be > 0, got -1.0"),
+])
+def test_a_bad_value_on_the_command_line_is_named_by_its_option(argv, said, capsys, tmp_path):
+    from edgeinfer import cli
+
+    assert cli.main(["replay", *argv, "--out", str(tmp_path)]) == 2
+    assert f"edgeinfer replay: {said}" in capsys.readouterr().err
+
+
+def test_a_bad_value_from_a_launch_file_keeps_its_key(capsys, tmp_path):
+    from edgeinfer import cli
+
+    (tmp_path / "run.toml").write_text("[replay.runtime.scheduler]\nk_max = 99\n")
+    assert cli.main(["replay", "--launch", str(tmp_path / "run.toml"), "--out", str(tmp_path)]) == 2
+    assert "SchedulerConfig.k_max must be in 0..64, got 99" in capsys.readouterr().err  # the file's key, no option

@@ -55,3 +55,51 @@ def test_peer_exits_when_its_starter_is_killed(module, args):
     except psutil.TimeoutExpired:
         peer.kill()
         pytest.fail(f"{module} {args} outlived its starter")
+
+
+def test_the_codec_echo_drops_a_malformed_message_counts_it_and_keeps_echoing(tmp_path):
+    import numpy as np
+    import zmq
+
+    from edgeinfer.bench.floors import minimal_decode, minimal_encode
+
+    ctx = zmq.Context()
+    pub, sub = ctx.socket(zmq.PUB), ctx.socket(zmq.SUB)
+    try:
+        for s in (pub, sub):
+            s.setsockopt(zmq.LINGER, 0)
+        sub.setsockopt(zmq.SUBSCRIBE, b"")
+        sub.setsockopt(zmq.RCVTIMEO, 100)
+        port = pub.bind_to_random_port("tcp://127.0.0.1")
+        log = tmp_path / "peer.log"
+        with spawn_peer("edgeinfer.bench.echo_peers", ["pubsub", f"tcp://127.0.0.1:{port}", "codec"], log=log) as peer:
+            sub.connect(f"tcp://127.0.0.1:{int(peer.stdout.readline())}")
+            for _ in range(300):  # the subscriptions come up: a one-frame probe comes back as it went
+                pub.send(b"probe")
+                try:
+                    sub.recv()
+                    break
+                except zmq.Again:
+                    pass
+            else:
+                pytest.fail("the echo peer never answered a probe")
+            pub.send_multipart([b"garbage", b"\x00\x01"])  # neither a msgpack header nor whole float64s
+            pub.send_multipart(minimal_encode({"seq": 7}, np.arange(3.0)))
+            sub.setsockopt(zmq.RCVTIMEO, 10_000)
+            while len(reply := sub.recv_multipart()) == 1:  # late probe replies
+                pass
+            header, flat = minimal_decode(reply)
+            assert header == {"seq": 7} and flat.tolist() == [0.0, 1.0, 2.0]
+            pub.send(b"stop")
+            assert peer.finish(timeout_s=10.0) == 0
+        assert "1 message(s) refused by the codec" in log.read_text()
+    finally:
+        ctx.destroy(linger=0)
+
+
+@pytest.mark.parametrize("argv", [[], ["bogus"], ["rep", "extra"], ["pubsub", "notanendpoint", "echo"],
+                                  ["pubsub", "tcp://127.0.0.1:9", "loud"]])
+def test_an_echo_peer_with_bad_arguments_prints_its_usage_and_exits_2(argv, tmp_path):
+    peer = spawn_peer("edgeinfer.bench.echo_peers", argv, log=tmp_path / "peer.log")
+    assert peer.finish(timeout_s=30.0) == 2
+    assert "usage: python -m edgeinfer.bench.echo_peers rep" in (tmp_path / "peer.log").read_text()

@@ -125,16 +125,18 @@ def test_sigterm_stops_the_replay_with_a_report_of_what_was_sent(tmp_path):
     write_schunk(synthetic_log(seconds=30.0), tmp_path / "long")
     out = tmp_path / "out"
     proc = subprocess.Popen([sys.executable, "-m", "edgeinfer", "replay", "--log", str(tmp_path / "long"),
-                             "--out", str(out)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                             "--out", str(out)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     deadline = time.monotonic() + 120
     while not ((out / "runtime.log").exists() and "started" in (out / "runtime.log").read_text()):
         assert proc.poll() is None and time.monotonic() < deadline
         time.sleep(0.1)
     time.sleep(1.0)
     proc.send_signal(signal.SIGTERM)
-    assert proc.wait(timeout=60) == 130
+    stdout, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 130
     report = json.loads((out / "report.json").read_text())
     assert report["interrupted"] is True
+    assert f"interrupted: {report['observations_sent']} of 7500 observations sent" in " ".join(stdout.split())
     assert 0 < report["observations_sent"] < 7500
     _check_accounting(report)
     assert report["process_exit_codes"] == {"runtime": 0, "control": 0}  # both children told to stop, and did

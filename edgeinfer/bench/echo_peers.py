@@ -7,7 +7,8 @@ are, so that neither side shares a GIL with the other; started through procs (pr
 
 Each prints the port it bound, then echoes until it gets the one-frame b"stop", its starter is gone
 (core.lifecycle.ParentWatch) or SILENCE_S pass without a message. Plain pyzmq on the echo path: no edgeinfer code
-but the minimal codec's, when asked for.
+but the minimal codec's, when asked for; a message the codec refuses is dropped and counted (the count goes to
+stderr at exit), never fatal. Bad arguments: the usage line and exit code 2.
 """
 from __future__ import annotations
 
@@ -60,27 +61,45 @@ def pubsub_echo(endpoint: str, codec: bool, watch: ParentWatch) -> None:
     sub.setsockopt(zmq.LINGER, 0)
     sub.setsockopt(zmq.SUBSCRIBE, b"")
     sub.setsockopt(zmq.RCVTIMEO, WAKE_MS)
-    sub.connect(endpoint)
+    try:
+        sub.connect(endpoint)
+    except zmq.ZMQError as e:
+        ctx.destroy(linger=0)
+        raise ValueError(f"ENDPOINT {endpoint!r}: {e}") from None
     pub = ctx.socket(zmq.PUB)
     pub.setsockopt(zmq.LINGER, 0)
     print(pub.bind_to_random_port("tcp://127.0.0.1"), flush=True)
+    refused = 0
     while (frames := _recv(sub, watch)) is not None:
         if len(frames) == 1 and frames[0].bytes == b"stop":
             break
-        echo = codec and len(frames) > 1
-        pub.send_multipart(minimal_encode(*minimal_decode(frames)) if echo else frames, copy=False)
+        if codec and len(frames) > 1:
+            try:
+                frames = minimal_encode(*minimal_decode(frames))
+            except ValueError:  # malformed or non-finite: dropped, counted
+                refused += 1
+                continue
+        pub.send_multipart(frames, copy=False)
     ctx.destroy(linger=0)
+    if refused:
+        print(f"echo_peers: {refused} message(s) refused by the codec", file=sys.stderr)
+
+
+USAGE = ("usage: python -m edgeinfer.bench.echo_peers rep\n"
+         "       python -m edgeinfer.bench.echo_peers pubsub ENDPOINT {echo,codec}   (ENDPOINT: tcp://HOST:PORT)")
 
 
 def main(argv: list[str]) -> int:
     watch = ParentWatch()
-    if argv[:1] == ["rep"]:
-        rep_echo(watch)
-    elif argv[:1] == ["pubsub"] and len(argv) == 3 and argv[2] in ("echo", "codec"):
-        pubsub_echo(argv[1], argv[2] == "codec", watch)
-    else:
-        print(f"usage: python -m edgeinfer.bench.echo_peers rep | pubsub ENDPOINT echo|codec; got {argv}",
-              file=sys.stderr)
+    try:
+        if argv == ["rep"]:
+            rep_echo(watch)
+        elif argv[:1] == ["pubsub"] and len(argv) == 3 and argv[2] in ("echo", "codec"):
+            pubsub_echo(argv[1], argv[2] == "codec", watch)
+        else:
+            raise ValueError(f"got {argv}")
+    except ValueError as e:  # bad arguments, or an endpoint zmq cannot connect to
+        print(f"{USAGE}\necho_peers: {e}", file=sys.stderr)
         return 2
     return 0
 

@@ -26,9 +26,12 @@ warnings.filterwarnings("ignore", "invalid value encountered in dot", RuntimeWar
 def minimal_decode(frames) -> tuple[object, np.ndarray]:
     """(header, all arrays as one fresh float64 vector) of [msgpack header, array frames...]: the least a node
     can do with a message and still trust it (the header parsed, the arrays copied out and checked finite).
-    Raises ValueError on a non-finite value."""
-    header = msgspec.msgpack.decode(frames[0])
-    flat = np.frombuffer(b"".join(frames[1:]), dtype="<f8").copy()
+    Raises ValueError on a malformed header, arrays that are not whole float64s, or a non-finite value."""
+    try:
+        header = msgspec.msgpack.decode(frames[0])
+    except msgspec.DecodeError as e:
+        raise ValueError(f"malformed header: {e}") from None
+    flat = np.frombuffer(b"".join(frames[1:]), dtype="<f8").copy()  # ValueError unless whole float64s
     if not math.isfinite(flat.dot(np.zeros(flat.size))):
         raise ValueError("non-finite array value")
     return header, flat

@@ -236,10 +236,12 @@ class TransportBenchConfig:
     json: Path | None = None  # also write the rows here
 
     def __post_init__(self):
-        if (self.n < 10 or self.n_idle < 10 or self.n_periodic < 10 or not 0 < self.idle_gap_ms <= 10_000
-                or not 1 <= self.rate_hz <= 2000):
-            raise ValueError("need --n >= 10, --n-idle >= 10, --n-periodic >= 10, 0 < --idle-gap-ms <= 10000, "
-                             "1 <= --rate-hz <= 2000")
+        checks = (("--n", self.n, self.n >= 10, ">= 10"), ("--n-idle", self.n_idle, self.n_idle >= 10, ">= 10"),
+                  ("--n-periodic", self.n_periodic, self.n_periodic >= 10, ">= 10"),
+                  ("--idle-gap-ms", self.idle_gap_ms, 0 < self.idle_gap_ms <= 10_000, "in (0, 10000]"),
+                  ("--rate-hz", self.rate_hz, 1 <= self.rate_hz <= 2000, "in [1, 2000]"))
+        if bad := [f"{option} must be {rule}, got {value}" for option, value, ok, rule in checks if not ok]:
+            raise ValueError("; ".join(bad))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -265,8 +267,9 @@ def run_command(cfg: TransportBenchConfig) -> int:
               f"{r['minimal_codec_p50_us']:>17.1f} {r['minimal_codec_p99_us']:>8.1f}")
     b2b, periodic, idle = rows
     print(f"{periodic['scenario']}: p50 {periodic['vs_back_to_back_p50']:.2f}x back to back (bar: 1.2x); the "
-          f"runtime caught {periodic['runtime_arrivals'].get('on_time', 0)} of {periodic['n']} while spinning "
-          f"(obs_arrival: {periodic['runtime_arrivals']})")
+          f"runtime caught {periodic['runtime_arrivals'].get('on_time', 0)} of the "
+          f"{sum(periodic['runtime_arrivals'].values())} observations it got while spinning (the {periodic['n']} "
+          f"timed and their warm-up; obs_arrival: {periodic['runtime_arrivals']})")
     print(f"{idle['scenario']}: wake-up cost {idle['edgeinfer_p50_us'] - b2b['edgeinfer_p50_us']:+.1f} us at p50 over "
           f"back to back (raw REQ/REP: {idle['raw_zmq_p50_us'] - b2b['raw_zmq_p50_us']:+.1f} us); no core is spun "
           "for a stream that is not there")

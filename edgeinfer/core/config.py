@@ -350,7 +350,9 @@ def _bool(text: str) -> bool:
 def option_help(doc: str, default) -> str:
     """An option's one-line help: the first sentence of its field's documentation and the default (None, the
     field unset, goes without saying: the documentation says what it means)."""
-    text = first_sentence(doc)[:1].upper() + first_sentence(doc)[1:] if doc else ""
+    text = first_sentence(doc) if doc else ""
+    if text.split(" ", 1)[0].isalpha():  # a word, not a literal such as tcp://HOST:PORT or k_max
+        text = text[:1].upper() + text[1:]
     shown = ",".join(map(str, default)) if isinstance(default, tuple) else default
     tail = "(required)" if default == "required" else ("" if default is None else f"(default: {shown})")
     return f"{text} {tail}".strip().replace("%", "%%")
@@ -409,6 +411,23 @@ def add_options(parser: argparse.ArgumentParser, *classes) -> None:
     parser._negative_number_matcher = _NEGATIVE_NUMBER
 
 
+_CONFIG_KEY = re.compile(r"\b[A-Z]\w*Config(?:\.\w+)+")
+
+
+def name_options(message: str, parser: argparse.ArgumentParser) -> str:
+    """`message` (a config's ValueError) with each `SomeConfig.dotted.field` that is one of `parser`'s options
+    written as that option (`SchedulerConfig.budget_ms` -> `--budget-ms`), and a leading `ReplayConfig.runtime.x: `
+    dropped before one: an error about a command line names what the user typed."""
+    options = {o for a in parser._actions for o in a.option_strings}
+
+    def option(m: re.Match) -> str:
+        flag = "--" + m.group(0).rsplit(".", 1)[1].replace("_", "-")
+        return flag if flag in options else m.group(0)
+
+    named = _CONFIG_KEY.sub(option, message)
+    return re.sub(r"^[A-Z]\w*Config(?:\.\w+)*: (?=--)", "", named)
+
+
 def parse(cls, argv: list[str] | None, prog: str, description: str | None = None):
     """`cls` filled from command line `argv` (None: the process's) for a program of its own (`python -m
     edgeinfer.engines.peers.hf_peer`): the parser add_options builds, so that its -h reads as every edgeinfer
@@ -419,4 +438,4 @@ def parse(cls, argv: list[str] | None, prog: str, description: str | None = None
     try:
         return build(cls, parser.parse_args(argv))
     except ValueError as e:
-        parser.error(str(e))
+        parser.error(name_options(str(e), parser))

@@ -70,8 +70,11 @@ class SchedulerConfig:
         """Raises ValueError unless 0 < budget_ms <= 10000 and margin_ms < budget_ms."""
         if not 0 < budget_ms <= 10_000:
             raise ValueError(f"SchedulerConfig.budget_ms must be in (0, 10000], got {budget_ms}")
-        if not 0 <= self.margin_ms < budget_ms:
-            raise ValueError(f"SchedulerConfig.margin_ms must be in [0, budget_ms={budget_ms}), got {self.margin_ms}")
+        if self.margin_ms < 0:
+            raise ValueError(f"SchedulerConfig.margin_ms must be >= 0, got {self.margin_ms}")
+        if self.margin_ms >= budget_ms:
+            raise ValueError(f"SchedulerConfig.budget_ms ({budget_ms}) must exceed SchedulerConfig.margin_ms "
+                             f"({self.margin_ms}), the time kept free to publish the chunk")
 
     def resolved_budget_ms(self, replan_every_ticks: int, period_ns: int) -> float:
         """budget_ms, or (None) the time between two chunk starts: replan_every_ticks x period_ns, in ms.
