@@ -141,6 +141,14 @@ def _latency(report: dict, key: str) -> str:
     return text
 
 
+def _chunk_rungs(report: dict) -> str:
+    """The chunks received per rung, e.g. "full 186, partial 2" ("-" without them)."""
+    rungs = _get(report, "chunks", "rungs")
+    if not isinstance(rungs, dict) or not rungs:
+        return _MISSING
+    return ", ".join(f"{rung} {n}" for rung, n in rungs.items())
+
+
 def _slo(report: dict) -> str:
     slo = report.get("slo")
     if not isinstance(slo, dict):
@@ -252,10 +260,10 @@ def print_table(reports: list[dict], console: Console | None = None, title: str 
 
     Rows: log, decode, rate, deadline, counts, latency p50/p90/p99/p999 with 95 % CIs and max, misses, miss
     rate with its 95 % CI and scope (steady state, start-up included, whole run), time to first command, the
-    pre-roll's misses, the SLO verdict and one row per objective, fallbacks per rung (union over reports),
-    acceptance rate, tokens per target pass, action RMSE, the safety section (commands outside the limits, commands
-    clamped, the joints the log takes outside the limits), the host (CPU, governor, load, wake-up baseline,
-    real-time grants). Missing or None values print as "-". Then each report's safety warnings, one line each.
+    pre-roll's misses, the SLO verdict and one row per objective, ticks served per rung (union over reports),
+    chunks per rung, acceptance rate, tokens per target pass, action RMSE, the safety section (commands outside the
+    limits, commands clamped, the joints the log takes outside the limits), the host (CPU, governor, load, wake-up
+    baseline, real-time grants). Missing or None values print as "-". Then each report's safety warnings, one line each.
     """
     console = console or Console()
     table = Table(title=title)
@@ -289,7 +297,9 @@ def print_table(reports: list[dict], console: Console | None = None, title: str 
         for rung in (r.get("fallbacks") or {}):
             if rung not in rungs:
                 rungs.append(rung)
-    rows += [(f"fallback {rung}", lambda r, rung=rung: _num(_get(r, "fallbacks", rung))) for rung in rungs]
+    # ticks by the rung of the chunk that served them (an early first step serves as partial or coarse: docs/replay.md)
+    rows += [(f"ticks served by {rung}", lambda r, rung=rung: _num(_get(r, "fallbacks", rung))) for rung in rungs]
+    rows.append(("chunks by rung", _chunk_rungs))
     rows += [
         ("acceptance_rate", _acceptance),
         ("tokens_per_target_pass", lambda r: _num(_get(r, "spec", "tokens_per_target_pass"), "{:.2f}")),

@@ -91,7 +91,8 @@ def test_print_table_with_none_values():
     reports[0]["miss_rate"] = None
     table = print_table(reports, console=Console(file=out, width=140))
     text = out.getvalue()
-    assert "speculative" in text and "fallback hold" in text and "fallback draft_only" in text
+    assert "speculative" in text and "ticks served by hold" in text and "ticks served by draft_only" in text
+    assert "chunks by rung" in text
     assert "0.800" in text and table.row_count >= 14
 
 
