@@ -1,5 +1,5 @@
-"""`edgeinfer` command line: replay (the main job), serve (runtime node), control (control loop node), train,
-build (an engine, quality-gated)."""
+"""`edgeinfer` command line: the one table of commands (COMMANDS), each parsed from its *Config dataclasses and run
+by its entry point (edgeinfer/entry_points.py)."""
 from __future__ import annotations
 
 import argparse
@@ -12,6 +12,10 @@ from edgeinfer.core import commands
 from edgeinfer.core.commands import Command
 from edgeinfer.core.config import add_options, build, expand_bool_flags, load_launch, name_options
 from edgeinfer.core.lifecycle import raise_interrupt
+
+DESCRIPTION = ("edgeinfer: a learned robot policy in a control loop with hard deadlines. Start with `edgeinfer "
+               "replay` (the main job: a recorded log through the runtime and control nodes, latency and deadline "
+               "misses reported); every command below has its own --help.")
 
 # ------------------------------------------------------------------------------------- the command table
 # COMMANDS is the one list of commands: each one's entry point and *Config dataclasses (edgeinfer.entry_points,
@@ -205,7 +209,7 @@ def _chosen(argv: list[str]) -> tuple[str, ...]:
 def _parsers(chosen: tuple[str, ...]) -> tuple[argparse.ArgumentParser, dict[tuple, argparse.ArgumentParser]]:
     """The top parser, and each command's parser by its path; only the chosen command's options are added (its
     config classes imported): every command's from its *Config dataclasses (core.config.add_options)."""
-    top = argparse.ArgumentParser(prog="edgeinfer", description=__doc__)
+    top = argparse.ArgumentParser(prog="edgeinfer", description=DESCRIPTION)
     top.add_argument("--version", action="version", version=_version())
     parsers: dict[tuple[str, ...], argparse.ArgumentParser] = {}
 
