@@ -36,7 +36,7 @@ from rich.console import Console
 
 from edgeinfer.bench.scenarios import Scenarios, load_scenarios
 from edgeinfer.core.progress import say
-from edgeinfer.node.runtime import RuntimeConfig
+from edgeinfer.node.runtime import Backend, RuntimeConfig
 
 SCHEMA = "edgeinfer.bench.suite/1"
 DECODES = ("target-only", "speculative")
@@ -49,7 +49,7 @@ class BenchConfig:
     # Schunk measurement directories (None: the held-out measurement_1 under the data directory; the embedded
     # synthetic log, with a warning, when there is none).
     log: list[Path] | None = None
-    backend: Literal["torch", "onnxruntime", "tensorrt"] = "torch"  # the engine the target runs on
+    backend: Backend = "torch"  # the engine the target runs on (the runtime's choices; auto: the fastest exact here)
     precision: Literal["fp32", "bf16", "fp8"] = "fp32"  # the engine's precision
     device: str = "cpu"  # the engine's device (cpu, cuda, cuda:1, ...)
     threads: int = 1  # intra-op threads of the engine

@@ -40,6 +40,7 @@ from edgeinfer.engines.models.tokenizer import decode_chunk
 from edgeinfer.node.faults import FaultConfig
 
 DECODES = ("speculative", "target-only")
+Backend = Literal["auto", "torch", "onnxruntime", "tensorrt", "fused", "packed"]  # the engines a runtime may run on
 MODES = ("ultrafast", "standard")
 OBS_CLOCKS = ("auto", "host", "other")
 # the exact preset of mode "ultrafast": the fastest exact engine, drafts that cost almost nothing, greedy acceptance
@@ -61,7 +62,7 @@ class RuntimeConfig:
     mode: Literal["ultrafast", "standard"] = "standard"
     # the engine the target runs on (auto: the fastest exact fp32 engine here, measured at start-up,
     # engines/backends/auto.py)
-    backend: Literal["auto", "torch", "onnxruntime", "tensorrt", "fused", "packed"] = "auto"
+    backend: Backend = "auto"
     precision: Literal["fp32", "bf16", "fp8", "int8"] = "fp32"  # the engine's precision (bf16, fp8, int8: LOSSY)
     device: str = "cpu"  # the engine's device (cpu, cuda, cuda:1, ...)
     decode: Literal["speculative", "target-only"] = "speculative"  # draft and verify, or the target alone
