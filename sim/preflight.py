@@ -19,7 +19,7 @@ from rich.console import Console
 
 from edgeinfer.control.limits import JointCountError, ResolvedLimits, resolve_limits
 from edgeinfer.core.progress import say
-from edgeinfer.engines.models.paths import TRAINED_DIR
+from edgeinfer.engines.models.paths import trained_policy_path
 from edgeinfer.logs import detect_format
 from edgeinfer.logs.arm_log import ArmLog, LogError
 from edgeinfer.logs.options import ReaderOptions
@@ -132,7 +132,7 @@ def check_run_fits(log: ArmLog, policy: dict, cfg: ReplayConfig, deadline_ms: fl
 def train_hint(cfg: ReplayConfig) -> str:
     """What to do when the policy cannot run on the log (another joint count or rate): the exact commands that
     train a policy on this log, with the reader options it is read with here, and replay it."""
-    out = TRAINED_DIR / f"{Path(cfg.log).resolve().name}_target.json" if cfg.log is not None else None
+    out = trained_policy_path(cfg.log) if cfg.log is not None else None
     train = ["edgeinfer", "train", "--data", str(cfg.log) if cfg.log is not None else "LOG"]
     if cfg.log_format is not None:
         train += ["--log-format", cfg.log_format]

@@ -28,7 +28,7 @@ def test_a_log_of_another_robot_is_told_to_train_a_policy_not_to_pass_a_urdf(tmp
     text = str(e.value)
     assert text.startswith("joint counts differ: the log has 7 joints, the policy expects 6, the limits have 6")
     assert "--urdf" not in text
-    out = "out/policies/franka.mcap_target.json"
+    out = "out/policies/franka_target.json"  # the file name without its suffix
     assert text.endswith(f" - the policy is for another robot: train a policy for this robot: edgeinfer train --data "
                          f"{tmp_path / 'franka.mcap'} --topic /franka/joint_states --out {out}, then edgeinfer "
                          f"replay --policy {out} --log {tmp_path / 'franka.mcap'}")
@@ -40,7 +40,7 @@ def test_a_log_at_another_rate_is_told_the_train_command(tmp_path):
     with pytest.raises(LogError, match=(
             r"^franka: log rate 1\.0 Hz, the policy was trained at 250\.0 Hz \(its chunk step is 5 ticks\) - train a "
             r"policy for this robot: edgeinfer train --data \S*slow\.csv --log-format csv --rate-hz 1\.0 --out "
-            r"out/policies/slow\.csv_target\.json, then edgeinfer replay --policy out/policies/slow\.csv_target\.json "
+            r"out/policies/slow_target\.json, then edgeinfer replay --policy out/policies/slow_target\.json "
             r"--log \S*slow\.csv$")):  # --extra is the replay's, not training's
         check_run_fits(_log(6, rate_hz=1.0), policy, cfg, 4.0)
 

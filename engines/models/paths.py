@@ -15,6 +15,13 @@ TRAINED_DIR = Path("out") / "policies"  # default folder of `edgeinfer train` / 
 MAX_WEIGHTS_MB = 1024.0  # default cap of one policy weights file, MB (the largest shipped one: 12.9 MB)
 
 
+def trained_policy_path(data: Path | str) -> Path:
+    """Where `edgeinfer train` puts a policy trained on `data` by default: out/policies/NAME_target.json, NAME the
+    log folder's name, or the log file's name without its suffix (3joint.csv -> 3joint_target.json)."""
+    data = Path(data).resolve()
+    return TRAINED_DIR / f"{data.name if data.is_dir() else data.stem}_target.json"
+
+
 def check_writable(out: Path, overwrite_shipped: bool) -> None:
     """Refuse to write a manifest (and its weights) into the package's WEIGHTS_DIR, which holds the shipped
     policies every default run loads, unless `overwrite_shipped` (regenerating them on purpose).

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from edgeinfer.engines.models.paths import DEFAULT_POLICY, TRAINED_DIR, check_writable
+from edgeinfer.engines.models.paths import DEFAULT_POLICY, TRAINED_DIR, check_writable, trained_policy_path
 from edgeinfer.engines.training.fit_data import SCHUNK_DATA, FitDataConfig
 
 
@@ -53,7 +53,7 @@ class TrainConfig(FitConfig):
 
     def __post_init__(self):
         super().__post_init__()
-        self.out = Path(self.out) if self.out is not None else TRAINED_DIR / f"{self.data.resolve().name}_target.json"
+        self.out = Path(self.out) if self.out is not None else trained_policy_path(self.data)
         check_writable(self.out, self.overwrite_shipped)
         for name in ("horizon", "stride_ticks"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
