@@ -33,7 +33,7 @@ class LogSourceConfig(ReaderOptions):
     # "TOPIC:FIELD|FIELD" for MCAP and bags (e.g. "imu.ang_vel=/imu:angular_velocity,imu.gravity=/imu:gravity(
     # orientation)"), a feature for LeRobot, a column pattern for CSV; docs/log-formats.md
     extra: str | None = None
-    duration_s: float | None = None  # replay only the log's first duration_s seconds of recorded time (None: all of it)
+    duration_s: float | None = None  # replay only the start of the log, this many seconds of recorded time (None: all)
     # A gap in the log longer than this is replayed as this long, s (the ticks after it move earlier; the report
     # says how much was cut): a real export with hours between two sessions replays in seconds, not hours.
     max_gap_s: float = 2.0

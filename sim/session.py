@@ -98,6 +98,8 @@ def prepare(cfg: ReplayConfig, console: Console) -> Prepared:
     period_ns = scaled_period_ns(log.period_ns, cfg.time_scale)
     deadline_ms = cfg.deadline_ms if cfg.deadline_ms is not None else period_ns / 1e6
     limits = check_run_fits(log, policy, cfg, deadline_ms)
+    if replan := cfg.runtime.replan_every_ticks or policy["stride_ticks"]:  # the runtime's budget, refused here
+        cfg.runtime.scheduler.resolved_budget_ms(replan, period_ns)       # and not at its Start, after the run
     cfg.control.limits = limits.limits
     for warning in limits.warnings:
         say(console, f"limits: {warning}", "yellow")

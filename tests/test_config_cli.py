@@ -282,15 +282,24 @@ def test_replay_and_hil_share_their_robot_side_fields_and_defaults():
 
 
 @pytest.mark.parametrize("argv, said", [
-    (["--budget-ms", "0.01"], "error: --budget-ms (0.01) must exceed --margin-ms (0.5)"),
-    (["--k-max", "99"], "error: --k-max must be in 0..64, got 99"),
-    (["--duration-s", "-1"], "error: --duration-s must be > 0, got -1.0"),
+    (["replay", "--budget-ms", "0.01"], "replay: error: --budget-ms (0.01) must exceed --margin-ms (0.5)"),
+    (["replay", "--k-max", "99"], "replay: error: --k-max must be in 0..64, got 99"),
+    (["replay", "--duration-s", "-1"], "replay: error: --duration-s must be > 0, got -1.0"),
+    (["replay", "--margin-ms", "-1"], "replay: error: --margin-ms must be >= 0, got -1.0"),
+    # the budget a replay derives (20 ms at 250 Hz), refused before any process starts
+    (["replay", "--margin-ms", "1000"], "replay: error: the budget, 20 ms (the time between two chunk starts; "
+                                        "--budget-ms sets another) must exceed --margin-ms (1000.0)"),
+    (["train", "--batch-size", "0", "--lr", "-1"], "train: error: --batch-size must be >= 1, got 0; --lr must be > 0"),
+    (["bench", "engines", "--n-obs", "0"], "bench engines: error: --n-obs must be >= 1, got 0"),
+    (["fleet-replay", "--margin-ms", "-1"], "fleet-replay: error: --margin-ms must be >= 0, got -1.0"),
+    (["fleet-replay", "--k", "5", "--k-max", "2"], "fleet-replay: error: --k (5) and --k-max (2): need"),
 ])
 def test_a_bad_value_on_the_command_line_is_named_by_its_option(argv, said, capsys, tmp_path):
     from edgeinfer import cli
 
-    assert cli.main(["replay", *argv, "--out", str(tmp_path)]) == 2
-    assert f"edgeinfer replay: {said}" in capsys.readouterr().err
+    out = ["--out", str(tmp_path)] if argv[0] in ("replay", "fleet-replay", "train") else []
+    assert cli.main([*argv, *out]) == 2
+    assert f"edgeinfer {said}" in " ".join(capsys.readouterr().err.split())
 
 
 def test_a_bad_value_from_a_launch_file_keeps_its_key(capsys, tmp_path):

@@ -90,6 +90,9 @@ USAGE = ("usage: python -m edgeinfer.bench.echo_peers rep\n"
 
 
 def main(argv: list[str]) -> int:
+    if argv[:1] in (["-h"], ["--help"]):
+        print(f"{USAGE}\n\n{__doc__}")
+        return 0
     watch = ParentWatch()
     try:
         if argv == ["rep"]:

@@ -39,6 +39,7 @@ from rich.console import Console
 from rich.table import Table
 
 from edgeinfer.bench.suite_report import percentile_us as _us
+from edgeinfer.core.config import refuse_bad
 from edgeinfer.core.speculative import FixedK, speculative_decode
 from edgeinfer.engines.backends.calibration import sample_windows
 from edgeinfer.engines.backends.engine import BUILDS, PRECISIONS, unavailable_reason
@@ -425,8 +426,8 @@ class EnginesBenchConfig:
     def __post_init__(self):
         from edgeinfer.engines.backends.engine import BACKENDS
 
-        if min(self.n_obs, self.n_iters, self.threads, self.ultrafast_n_obs) < 1:
-            raise ValueError("--n-obs, --n-iters, --threads and --ultrafast-n-obs must be >= 1")
+        refuse_bad(type(self).__name__, [(name, getattr(self, name), getattr(self, name) >= 1, ">= 1")
+                                         for name in ("n_obs", "n_iters", "threads", "ultrafast_n_obs")])
         for name, given, known in (("backends", self.backends, BACKENDS), ("precisions", self.precisions,
                                                                              PRECISIONS)):
             if not given or set(given) - set(known):

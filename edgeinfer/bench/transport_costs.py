@@ -37,6 +37,7 @@ from edgeinfer.bench.floors import raw_pubsub_round_trip_ns, raw_zmq_round_trip_
 from edgeinfer.bench.suite_report import check_output
 from edgeinfer.core import transport
 from edgeinfer.core.clock import sleep_until
+from edgeinfer.core.config import refuse_bad
 from edgeinfer.core.progress import Progress
 from edgeinfer.core.wire import ActionChunk, Observation, Start, Stats, Stop, encode
 from edgeinfer.node.runtime import RuntimeConfig
@@ -236,12 +237,11 @@ class TransportBenchConfig:
     json: Path | None = None  # also write the rows here
 
     def __post_init__(self):
-        checks = (("--n", self.n, self.n >= 10, ">= 10"), ("--n-idle", self.n_idle, self.n_idle >= 10, ">= 10"),
-                  ("--n-periodic", self.n_periodic, self.n_periodic >= 10, ">= 10"),
-                  ("--idle-gap-ms", self.idle_gap_ms, 0 < self.idle_gap_ms <= 10_000, "in (0, 10000]"),
-                  ("--rate-hz", self.rate_hz, 1 <= self.rate_hz <= 2000, "in [1, 2000]"))
-        if bad := [f"{option} must be {rule}, got {value}" for option, value, ok, rule in checks if not ok]:
-            raise ValueError("; ".join(bad))
+        refuse_bad(type(self).__name__, (
+            ("n", self.n, self.n >= 10, ">= 10"), ("n_idle", self.n_idle, self.n_idle >= 10, ">= 10"),
+            ("n_periodic", self.n_periodic, self.n_periodic >= 10, ">= 10"),
+            ("idle_gap_ms", self.idle_gap_ms, 0 < self.idle_gap_ms <= 10_000, "in (0, 10000]"),
+            ("rate_hz", self.rate_hz, 1 <= self.rate_hz <= 2000, "in [1, 2000]")))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -351,7 +351,7 @@ def option_help(doc: str, default) -> str:
     """An option's one-line help: the first sentence of its field's documentation and the default (None, the
     field unset, goes without saying: the documentation says what it means)."""
     text = first_sentence(doc) if doc else ""
-    if text.split(" ", 1)[0].isalpha():  # a word, not a literal such as tcp://HOST:PORT or k_max
+    if re.fullmatch(r"[a-z][a-z-]*[,:]?", text.split(" ", 1)[0]):  # a word, not a literal (tcp://HOST:PORT, k_max)
         text = text[:1].upper() + text[1:]
     shown = ",".join(map(str, default)) if isinstance(default, tuple) else default
     tail = "(required)" if default == "required" else ("" if default is None else f"(default: {shown})")
@@ -411,11 +411,19 @@ def add_options(parser: argparse.ArgumentParser, *classes) -> None:
     parser._negative_number_matcher = _NEGATIVE_NUMBER
 
 
-_CONFIG_KEY = re.compile(r"\b[A-Z]\w*Config(?:\.\w+)+")
+def refuse_bad(owner: str, checks) -> None:
+    """One ValueError naming every field that fails its check; checks: (field, value, ok, rule) tuples, e.g.
+    ("steps", 0, False, ">= 1") -> "TrainConfig.steps must be >= 1, got 0" (a command line then names the option,
+    name_options). Returns None when every check passes."""
+    if bad := [f"{owner}.{field} must be {rule}, got {value}" for field, value, ok, rule in checks if not ok]:
+        raise ValueError("; ".join(bad))
+
+
+_CONFIG_KEY = re.compile(r"\b[A-Z][A-Za-z0-9]*(?:\.[a-z_][a-z0-9_]*)+")
 
 
 def name_options(message: str, parser: argparse.ArgumentParser) -> str:
-    """`message` (a config's ValueError) with each `SomeConfig.dotted.field` that is one of `parser`'s options
+    """`message` (a config's ValueError) with each `SomeClass.dotted.field` that is one of `parser`'s options
     written as that option (`SchedulerConfig.budget_ms` -> `--budget-ms`), and a leading `ReplayConfig.runtime.x: `
     dropped before one: an error about a command line names what the user typed."""
     options = {o for a in parser._actions for o in a.option_strings}
@@ -425,7 +433,7 @@ def name_options(message: str, parser: argparse.ArgumentParser) -> str:
         return flag if flag in options else m.group(0)
 
     named = _CONFIG_KEY.sub(option, message)
-    return re.sub(r"^[A-Z]\w*Config(?:\.\w+)*: (?=--)", "", named)
+    return re.sub(r"^[A-Z][A-Za-z0-9]*(?:\.[a-z_][a-z0-9_]*)*: (?=--)", "", named)
 
 
 def parse(cls, argv: list[str] | None, prog: str, description: str | None = None):

@@ -78,7 +78,8 @@ class FleetPolicy:
         if self.order not in ORDERS:
             raise ValueError(f"FleetPolicy.order must be one of {ORDERS}, got {self.order!r}")
         if not 0 <= self.k <= self.k_max <= 64:
-            raise ValueError(f"FleetPolicy: need 0 <= k <= k_max <= 64, got k={self.k}, k_max={self.k_max}")
+            raise ValueError(f"FleetPolicy.k ({self.k}) and FleetPolicy.k_max ({self.k_max}): need "
+                             "0 <= k <= k_max <= 64")
         if not 0 < self.admission_headroom <= 1:
             raise ValueError(f"FleetPolicy.admission_headroom must be in (0, 1], got {self.admission_headroom}")
         if self.max_batch < 1:

@@ -51,6 +51,8 @@ class SchedulerConfig:
     probe_share: float = 0.01  # adaptive: the most of the decode time a drafter's probes may cost, fraction
 
     def __post_init__(self):
+        if not self.margin_ms >= 0:
+            raise ValueError(f"SchedulerConfig.margin_ms must be >= 0, got {self.margin_ms}")
         if self.budget_ms is not None:
             self.check_budget_ms(self.budget_ms)
         if not 16 <= self.window <= 100_000:
@@ -66,21 +68,22 @@ class SchedulerConfig:
         if not 0.5 <= self.quantile < 1:
             raise ValueError(f"SchedulerConfig.quantile must be in [0.5, 1), got {self.quantile}")
 
-    def check_budget_ms(self, budget_ms: float) -> None:
-        """Raises ValueError unless 0 < budget_ms <= 10000 and margin_ms < budget_ms."""
+    def check_budget_ms(self, budget_ms: float, derived: bool = False) -> None:
+        """Raises ValueError unless 0 < budget_ms <= 10000 and margin_ms < budget_ms. derived: budget_ms is not
+        the field's but the time between two chunk starts (resolved_budget_ms), and the error says so."""
+        what = (f"the budget, {budget_ms:g} ms (the time between two chunk starts; SchedulerConfig.budget_ms "
+                "sets another)" if derived else f"SchedulerConfig.budget_ms ({budget_ms})")
         if not 0 < budget_ms <= 10_000:
-            raise ValueError(f"SchedulerConfig.budget_ms must be in (0, 10000], got {budget_ms}")
-        if self.margin_ms < 0:
-            raise ValueError(f"SchedulerConfig.margin_ms must be >= 0, got {self.margin_ms}")
+            raise ValueError(f"{what} must be in (0, 10000] ms")
         if self.margin_ms >= budget_ms:
-            raise ValueError(f"SchedulerConfig.budget_ms ({budget_ms}) must exceed SchedulerConfig.margin_ms "
-                             f"({self.margin_ms}), the time kept free to publish the chunk")
+            raise ValueError(f"{what} must exceed SchedulerConfig.margin_ms ({self.margin_ms}), the time kept "
+                             "free to publish the chunk")
 
     def resolved_budget_ms(self, replan_every_ticks: int, period_ns: int) -> float:
         """budget_ms, or (None) the time between two chunk starts: replan_every_ticks x period_ns, in ms.
         Raises ValueError as check_budget_ms."""
         budget = self.budget_ms if self.budget_ms is not None else replan_every_ticks * period_ns / 1e6
-        self.check_budget_ms(budget)
+        self.check_budget_ms(budget, derived=self.budget_ms is None)
         return budget
 
 

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from edgeinfer.core.config import refuse_bad
 from edgeinfer.engines.models.paths import DEFAULT_POLICY, TRAINED_DIR, check_writable, trained_policy_path
 from edgeinfer.engines.training.fit_data import SCHUNK_DATA, FitDataConfig
 
@@ -24,8 +25,9 @@ class FitConfig(FitDataConfig):
 
     def __post_init__(self):
         super().__post_init__()
-        if self.steps < 1 or self.batch_size < 1 or self.lr <= 0:
-            raise ValueError(f"{type(self).__name__}.steps, batch_size and lr must be positive")
+        refuse_bad(type(self).__name__, (("steps", self.steps, self.steps >= 1, ">= 1"),
+                                         ("batch_size", self.batch_size, self.batch_size >= 1, ">= 1"),
+                                         ("lr", self.lr, self.lr > 0, "> 0")))
 
 
 @dataclass(kw_only=True)
