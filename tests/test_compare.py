@@ -124,18 +124,17 @@ def test_real_replays_clean_vs_runtime_killed(schunk_dir, tmp_path):
     log = read_schunk(schunk_dir / "measurement_1")
     write_schunk(ArmLog("m1_2s", log.t_s[:500], log.q_rad[:500], log.qd_rad_s[:500]), tmp_path / "m1_2s")
     reports, stdout = {}, {}
-    # p90, not p99: a tick whose command never came counts as inf, and on a loaded host the first 3-4 % of a 2 s
-    # log can pass before the runtime's first chunk
-    for name, extra in (("clean", ["--slo", "p90<=50ms,miss<=50%"]), ("killed", ["--kill-runtime-at-tick", "250"])):
+    for name, extra in (("clean", ["--slo", "p99<=50ms,miss<=50%"]), ("killed", ["--kill-runtime-at-tick", "250"])):
         proc = subprocess.run([sys.executable, "-m", "edgeinfer", "replay", "--log", str(tmp_path / "m1_2s"),
                                "--out", str(tmp_path / name), *extra], capture_output=True, text=True, timeout=600)
-        assert proc.returncode in (0, 1), proc.stdout + proc.stderr  # 1: the killed runtime's exit code
+        # 1: the killed runtime's exit code; 3: the clean run's SLO judged INVALID (a loaded host loses ticks)
+        assert proc.returncode in ((0, 3) if name == "clean" else (0, 1)), proc.stdout + proc.stderr
         reports[name], stdout[name] = tmp_path / name / "report.json", proc.stdout
         for png in ("latency_histogram.png", "latency.png", "stages.png"):
             assert (tmp_path / name / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     clean = load_report(reports["clean"])
-    assert clean["schema_version"] == 2 and clean["slo"]["objective"] == "p90<=50ms,miss<=50%"
-    assert [t["metric"] for t in clean["slo"]["terms"]] == ["p90", "miss"] and "slo p90<=50ms" in stdout["clean"]
+    assert clean["schema_version"] == 2 and clean["slo"]["objective"] == "p99<=50ms,miss<=50%"
+    assert [t["metric"] for t in clean["slo"]["terms"]] == ["p99", "miss"] and "slo p99<=50ms" in stdout["clean"]
     proc = subprocess.run([sys.executable, "-m", "edgeinfer", "compare", str(reports["clean"]), str(reports["killed"]),
                            "--fail-on-regression", "--json", str(tmp_path / "cmp.json")],
                           capture_output=True, text=True, timeout=120)

@@ -184,7 +184,7 @@ _HANDSHAKE_FAILED = (zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_F
 # How long a side that found a failed handshake keeps its sockets up before it raises: the peer's next tries
 # (RECONNECT_IVL_MS apart) then meet this side's greeting, so that it learns the same, rather than being refused by
 # a port already closed and left to retry until its timeout.
-HANDSHAKE_GRACE_S = 1.0
+HANDSHAKE_GRACE_S = 3.0  # a peer that starts late on a loaded host (a fresh interpreter: seconds) still meets it
 _FIX = ("start both sides with the same keys (--curve-dir DIR, the folder `edgeinfer keys DIR` wrote, copied to "
         "both hosts) or both with --curve off")
 
