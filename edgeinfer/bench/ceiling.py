@@ -36,11 +36,12 @@ def ceiling(pass_cost_us: Mapping[int, float], n_tokens: int,
     decoder adds a fixed cost to every pass that the curve, timed on the engine alone, does not hold (torch's eager
     loop): every pass of the curve is then shifted by pass_us - c(1). Raises ValueError without c(1)."""
     cost = _curve(pass_cost_us, pass_us)
+    plain = chunk_us(cost, n_tokens, 0, 1.0)
     per_k = {k: float(k + 1) for k in range(1, max(cost))} if tokens_per_pass is None else \
         {int(k): float(t) for k, t in tokens_per_pass.items() if int(k) + 1 in cost}
     best = {"ratio": 1.0, "k": 0}
     for k, t in per_k.items():
-        ratio = speedup_at(cost, n_tokens, k, t)
+        ratio = plain / chunk_us(cost, n_tokens, k, t)
         if ratio > best["ratio"]:
             best = {"ratio": round(ratio, 3), "k": k}
     return best

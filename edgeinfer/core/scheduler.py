@@ -71,13 +71,14 @@ class SchedulerConfig:
     def check_budget_ms(self, budget_ms: float, derived: bool = False) -> None:
         """Raises ValueError unless 0 < budget_ms <= 10000 and margin_ms < budget_ms. derived: budget_ms is not
         the field's but the time between two chunk starts (resolved_budget_ms), and the error says so."""
+        if 0 < budget_ms <= 10_000 and self.margin_ms < budget_ms:
+            return
         what = (f"the budget, {budget_ms:g} ms (the time between two chunk starts; SchedulerConfig.budget_ms "
                 "sets another)" if derived else f"SchedulerConfig.budget_ms ({budget_ms})")
         if not 0 < budget_ms <= 10_000:
             raise ValueError(f"{what} must be in (0, 10000] ms")
-        if self.margin_ms >= budget_ms:
-            raise ValueError(f"{what} must exceed SchedulerConfig.margin_ms ({self.margin_ms}), the time kept "
-                             "free to publish the chunk")
+        raise ValueError(f"{what} must exceed SchedulerConfig.margin_ms ({self.margin_ms}), the time kept free to "
+                         "publish the chunk")
 
     def resolved_budget_ms(self, replan_every_ticks: int, period_ns: int) -> float:
         """budget_ms, or (None) the time between two chunk starts: replan_every_ticks x period_ns, in ms.

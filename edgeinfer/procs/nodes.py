@@ -275,8 +275,7 @@ class NodeGroup:
         live = [n for n in reversed(nodes) if n.poll() is None]
         for node in live:
             node.note_descendants()
-            signal_group(node.pid, signal.SIGTERM)
-            signal_group(node.pid, signal.SIGCONT)  # a stopped process handles SIGTERM only once continued
+            terminate_group(node.pid)
             self.say(node, "SIGTERM", "")
         deadline = time.monotonic() + self.grace_s
         for node in live:
@@ -318,6 +317,13 @@ def _living(p: psutil.Process) -> bool:
         return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
     except psutil.Error:
         return False
+
+
+def terminate_group(pid: int) -> None:
+    """SIGTERM the process group led by `pid`, then SIGCONT it: a stopped process handles SIGTERM only once
+    continued."""
+    signal_group(pid, signal.SIGTERM)
+    signal_group(pid, signal.SIGCONT)
 
 
 def signal_group(pid: int, sig: int) -> None:

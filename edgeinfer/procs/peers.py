@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 from edgeinfer.core.lifecycle import PARENT_PID_ENV
-from edgeinfer.procs.nodes import Started, signal_group
+from edgeinfer.procs.nodes import Started, signal_group, terminate_group
 
 
 class Peer(Started):
@@ -44,8 +44,7 @@ class Peer(Started):
         try:
             self.proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
-            signal_group(self.pid, signal.SIGTERM)
-            signal_group(self.pid, signal.SIGCONT)  # a stopped process handles SIGTERM only once continued
+            terminate_group(self.pid)
             try:
                 self.proc.wait(timeout=term_s)
             except subprocess.TimeoutExpired:
