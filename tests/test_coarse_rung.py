@@ -156,7 +156,8 @@ def test_a_replay_under_a_cut_budget_sends_coarse_chunks_and_holds_no_tick(tmp_p
     passes of a target-only chunk: never a full chunk, a coarse one once six passes fit (up to 5 ms of compute
     each). Each coarse chunk spans the whole horizon: the next one, planned 40 ms later and stalled 100 ms by this
     machine, still arrives while it covers the ticks, so none is held. The plan is built on median costs: the p99
-    of a loaded 2-core machine's passes leaves room for a pass or two."""
+    of a loaded 2-core machine's passes leaves room for a pass or two. A 1 s pre-roll keeps start-up (the first
+    chunk, late on a host the rest of the suite loads) out of the measured rows: this test is about steady state."""
     log = SCHUNK_LOG
     if not log.is_dir():  # without ../shared: the embedded synthetic log
         write_schunk(synthetic_log(seconds=2.0), tmp_path / "log")
@@ -165,12 +166,15 @@ def test_a_replay_under_a_cut_budget_sends_coarse_chunks_and_holds_no_tick(tmp_p
     runtime = RuntimeConfig(policy=policy, decode="target-only", warmup_chunks=6,
                             scheduler=SchedulerConfig(quantile=0.5), faults=FaultConfig(fault_pass_delay_ms=1.0))
     report = replay(ReplayConfig(log=log, duration_s=1.5, time_scale=0.5, out=tmp_path / "out", plots=False,
-                                 fork_nodes=True, runtime=runtime), Console(quiet=True))
+                                 fork_nodes=True, pre_roll_ms=1000.0, runtime=runtime), Console(quiet=True))
     n, rungs, fallbacks = report["observations_sent"], report["chunks"]["rungs"], report["fallbacks"]
+    assert report["start_up"]["measured_ticks_before_first_command"] == 0, report["start_up"]
     assert report["budget_ms"] == 40.0 and n >= 350 and sum(report["outcomes"].values()) == n
     assert rungs.get("full", 0) == 0 and rungs.get("partial", 0) == 0  # 39 passes never verify 48 tokens
     assert rungs.get("coarse", 0) >= 10  # one chunk per 40 ms for 3 s, whatever a 100 ms stall takes away
-    assert report["outcomes"]["hold"] == fallbacks["hold"] == 0
+    ticks = (tmp_path / "out" / "ticks.csv").read_text().splitlines()
+    held = [row.split(",")[0] for row in ticks if row.endswith(",hold")]
+    assert report["outcomes"]["hold"] == fallbacks["hold"] == 0, f"held rows {held}: {report['chunks']}"
     # the ticks are served by the newest coarse chunk, or (continue) by the one before it
     assert fallbacks["coarse"] + fallbacks["continue"] == report["commands_received"] and fallbacks["coarse"] > n / 2
     # whole-horizon chunks: every one of the 8 chunk steps is compared with the recorded future
