@@ -4,6 +4,7 @@ import torch
 
 from edgeinfer.core.scheduler import SchedulerConfig, TickPlanner
 from edgeinfer.core.speculative import speculative_decode
+from edgeinfer.engines.backends.fused_engine import FusedEngine
 from edgeinfer.engines.backends.torch_engine import TorchEngine
 from edgeinfer.engines.models.drafters import KinematicDrafter
 from edgeinfer.engines.training.evaluate import greedy_decode_batch
@@ -16,24 +17,26 @@ def _obs(policy, f):
 _ENGINES = {}
 
 
-def _engine(policy):
-    """One torch CPU engine per policy, reused across observations as the runtime does."""
-    if id(policy) not in _ENGINES:
-        _ENGINES[id(policy)] = TorchEngine(policy.model)
-    return _ENGINES[id(policy)]
+def _engine(policy, kind=TorchEngine):
+    """One engine of `kind` per policy, reused across observations as the runtime does."""
+    if (id(policy), kind) not in _ENGINES:
+        _ENGINES[id(policy), kind] = kind(policy.model)
+    return _ENGINES[id(policy), kind]
 
 
-def _decode(policy, feats_row, drafter, k_max, planner=None):
+def _decode(policy, feats_row, drafter, k_max, planner=None, kind=TorchEngine):
     d = policy.cfg.n_joints
     q = np.zeros(d)
     drafter.reset(q, feats_row[d:2 * d], q - feats_row[2 * d:3 * d])
     if planner is None:
         planner = TickPlanner(SchedulerConfig(k_max=k_max, adaptive=False))
         planner.unlimited()
-    return speculative_decode(_engine(policy), policy.normalise(feats_row), policy.cfg.n_tokens, drafter, planner)
+    return speculative_decode(_engine(policy, kind), policy.normalise(feats_row), policy.cfg.n_tokens, drafter, planner)
 
 
 def test_speculative_equals_target_only_on_1000_real_observations(policy, held_out):
+    """On the fused engine (the exact CPU engine, ~50x torch's passes): its speculative tokens against torch's batched
+    greedy decoding. The torch engine's own: tests/test_drafters.py (every drafter and k, 64 observations)."""
     feats, _ = held_out
     idx = np.random.default_rng(0).choice(len(feats), 1000, replace=False)
     reference = greedy_decode_batch(policy.model, _obs(policy, feats[idx]))
@@ -41,7 +44,7 @@ def test_speculative_equals_target_only_on_1000_real_observations(policy, held_o
     tokens = passes = accepted = drafted = 0
     for row, i in enumerate(idx):
         k = (1, 2, 4, 6, 8, 16)[row % 6]
-        res = _decode(policy, feats[i], drafter, k)
+        res = _decode(policy, feats[i], drafter, k, kind=FusedEngine)
         assert res.complete
         assert res.tokens == reference[row].tolist(), f"observation {i} with k={k}"
         tokens, passes = tokens + len(res.tokens), passes + res.target_passes
