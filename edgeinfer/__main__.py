@@ -1,5 +1,3 @@
-import sys
+from edgeinfer.cli import process_main
 
-from edgeinfer.cli import main
-
-sys.exit(main())
+process_main()

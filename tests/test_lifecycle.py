@@ -110,3 +110,33 @@ def test_a_node_that_dies_during_start_up_is_named_with_its_log(tmp_path):
         with pytest.raises(RuntimeError, match=r"(?s)ctl process exited with code 2 during start-up:\n.*--obs"):
             group.check_started()
     assert [n.state for n in group.nodes] == ["failed"]
+
+
+def test_exit_now_writes_the_queued_log_lines_and_stdout_then_skips_the_teardown(tmp_path):
+    """A node ends with core.lifecycle.exit_now: every line queued for the log writer and printed is in its log, the
+    exit status is kept, and nothing of the interpreter's teardown runs (an atexit handler here)."""
+    script = ("import atexit\n"
+              "from edgeinfer.core.lifecycle import exit_now\n"
+              "from edgeinfer.core.logwriter import emit\n"
+              "atexit.register(lambda: print('teardown ran'))\n"
+              "for i in range(200):\n"
+              "    emit(f'line {i}')\n"
+              "print('printed last')\n"
+              "exit_now(3)\n")
+    with open(tmp_path / "node.log", "w") as log:
+        code = subprocess.run([sys.executable, "-c", script], stdout=log, stderr=subprocess.STDOUT,
+                              timeout=60).returncode
+    text = (tmp_path / "node.log").read_text()
+    assert code == 3 and "teardown ran" not in text and "printed last" in text.splitlines()
+    assert [f"line {i}" for i in range(200)] == [line for line in text.splitlines() if line.startswith("line ")]
+
+
+def test_a_node_command_exits_without_the_interpreter_teardown_and_others_do_not():
+    """Only a node's command (Command.node) skips the teardown (cli.process_main); the exit status is main()'s either
+    way. main() stands in for the command's run here: what is under test is the exit after it."""
+    hook = "import atexit; atexit.register(lambda: print('teardown ran'))"
+    for command, node in (("control", True), ("replay", True), ("keys", False), ("bench", False)):
+        script = (f"import sys; {hook}; import edgeinfer.cli as cli; cli.main = lambda: 5; "
+                  f"sys.argv = ['edgeinfer', {command!r}]; cli.process_main()")
+        out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+        assert out.returncode == 5 and ("teardown ran" in out.stdout) is not node, (command, out.stdout)

@@ -3,6 +3,10 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
+from typing import NoReturn
+
+from edgeinfer.core.logwriter import flush_process_writer
 
 PARENT_PID_ENV = "EDGEINFER_PARENT_PID"  # set by whoever starts a node and wants it to die with it
 
@@ -26,6 +30,20 @@ class ParentWatch:
         """Raise RuntimeError when the parent is gone (for handshake `check` hooks)."""
         if self.parent_gone():
             raise RuntimeError(f"parent process {self.ppid} exited")
+
+
+def exit_now(code: int) -> NoReturn:
+    """End this process with exit status `code` once its queued log lines (core.logwriter, at most its flush
+    timeout) and stdout and stderr are written, skipping the interpreter's teardown: atexit handlers, finalizers
+    and the unloading of torch and numba, 0.6-0.7 s on a 2-core VM. For a node whose main has returned (its sockets
+    closed, its files written in `with` blocks): a replay, launch or restart waits for it to exit."""
+    flush_process_writer()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError, AttributeError):  # closed, or replaced by None
+            pass
+    os._exit(code)
 
 
 def raise_interrupt(signum, frame):

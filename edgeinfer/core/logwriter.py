@@ -123,6 +123,13 @@ def process_writer() -> LogWriter:
         return _process_writer
 
 
+def flush_process_writer(timeout_s: float = FLUSH_TIMEOUT_S) -> bool:
+    """Wait up to timeout_s for this process's queued log lines to be written (True when they were, or when no
+    line was ever queued): what interpreter exit does, for a process that ends with os._exit."""
+    writer = _process_writer
+    return writer is None or writer.flush(timeout_s)
+
+
 def _forget_after_fork() -> None:
     global _process_writer  # a forked child (procs/forkserver.py) has none of its parent's threads
     _process_writer = None

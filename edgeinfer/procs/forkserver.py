@@ -29,7 +29,7 @@ import threading
 from pathlib import Path
 from typing import Callable
 
-from edgeinfer.core.lifecycle import PARENT_PID_ENV
+from edgeinfer.core.lifecycle import PARENT_PID_ENV, exit_now
 
 # the fork server's process: the program every node is (NodeSpec.argv), with its internal `fork-server` command
 SERVER_ARGV = (sys.executable, "-m", "edgeinfer", "fork-server")
@@ -219,9 +219,4 @@ def _run_node(main: Callable[[list[str]], int], request: dict, closing: tuple[in
 
         traceback.print_exc()
     finally:
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except (OSError, ValueError):
-                pass
-        os._exit(code if isinstance(code, int) else 1)
+        exit_now(code if isinstance(code, int) else 1)
