@@ -192,6 +192,33 @@ def test_the_choice_is_cached_per_policy_and_machine_and_reused_without_probes(p
     assert forced["cached"] is None
 
 
+def test_runtimes_starting_at_once_on_a_cold_cache_measure_one_after_the_other_and_once(tmp_path):
+    """Three processes open `auto` at once on an empty EDGEINFER_CACHE_DIR: the engine-choice lock lets one measure,
+    and the others, once it is done, open its cached choice: one measurement, not three side by side (which would
+    also time each candidate on a machine the others load). A process that holds the lock and dies releases it."""
+    import subprocess
+    import sys
+
+    script = ("import json, sys\n"
+              "from edgeinfer.engines.backends import auto\n"
+              "from edgeinfer.engines.models.policy import load_policy\n"
+              "_, c = auto.open_auto(load_policy(), 'cpu', 1, 'kinematic', 4, n_probes=3, names=['fused', 'torch'])\n"
+              "print(json.dumps({'cached': c['cached'], 'chosen': c['chosen']}))\n")
+    env = {**__import__("os").environ, "EDGEINFER_CACHE_DIR": str(tmp_path)}
+    holder = subprocess.Popen([sys.executable, "-c", "import fcntl, os, sys, time; (tmp_path := sys.argv[1]); "
+                               "os.makedirs(tmp_path + '/engine_choice', exist_ok=True); "
+                               "fd = os.open(tmp_path + '/engine_choice/.measuring.lock', os.O_RDWR | os.O_CREAT); "
+                               "fcntl.flock(fd, fcntl.LOCK_EX); print('locked', flush=True); time.sleep(2); "
+                               "os._exit(9)", str(tmp_path)], stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline() == "locked\n"  # a runtime that dies while it measures
+    procs = [subprocess.Popen([sys.executable, "-c", script], env=env, stdout=subprocess.PIPE, text=True)
+             for _ in range(3)]
+    outs = [json.loads(p.communicate(timeout=300)[0]) for p in procs]
+    assert holder.wait(timeout=30) == 9
+    assert sum(o["cached"] is None for o in outs) == 1  # one measured, two opened its choice
+    assert len({o["chosen"] for o in outs}) == 1 and len(list((tmp_path / "engine_choice").glob("*.json"))) == 1
+
+
 @pytest.mark.parametrize("damage", [
     {"chosen": "packed"},  # nothing else: the report reads probes, candidates, excluded
     {"candidates": "x"},

@@ -21,10 +21,13 @@ $EDGEINFER_CACHE_DIR, default ~/.cache/edgeinfer/engines), keyed by the policy's
 drafter, k, the candidates, this machine's CPU model and core count, and the versions of numba, torch, onnxruntime and
 edgeinfer: a later start with the same key opens the chosen engine alone (no probes: ~0.1-1 s instead of seconds), and
 says so ("cached" in the choice). A change of any of those measures again; EDGEINFER_ENGINE_CHOICE=measure always
-measures (and keeps the new choice).
+measures (and keeps the new choice). Measurements on one machine take turns (measuring_alone: an flock in
+engine_choice/), so runtimes that start at once on a cold machine compile and measure once, each on a quiet machine.
 """
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import importlib.metadata
 import json
@@ -46,6 +49,7 @@ STATISTIC = "p50"
 DISCARD_CHUNKS = 2  # the first chunks of each candidate: allocation, lazy binding, caches
 PROBE_OBSERVATIONS = 16  # decoded by every candidate: the exactness check and the timing
 PREFIX = "engine_choice."  # of the Stats counters that carry the choice
+MEASURE_LOCK_TIMEOUT_S = 300.0  # the longest a start waits for another process's measurement (a cold compile: ~60 s)
 PROBE_K = 4  # drafts per pass measured (at most the planner's k_max): the k of `bench engines`' kinematic k = 4 rows
 
 
@@ -254,12 +258,27 @@ def open_auto(policy, device: str = "cpu", threads: int = 1, drafter="kinematic"
         drafter = make_drafter(drafter, policy)
     names = options.get("names") or candidates(device)
     path = choice_cache_file(policy, device, threads, drafter, k, names) if cache else None
-    cached = _read_choice(path) if os.environ.get("EDGEINFER_ENGINE_CHOICE") != "measure" else None
-    if cached is not None and cached["chosen"] in names and unavailable_reason(cached["chosen"], device) is None:
+    remeasure = os.environ.get("EDGEINFER_ENGINE_CHOICE") == "measure"
+
+    def cached_engine():
+        cached = _read_choice(path) if not remeasure else None
+        if cached is None or cached["chosen"] not in names or unavailable_reason(cached["chosen"], device) is not None:
+            return None
         t0 = time.perf_counter()
         engine = open_engine(policy, cached["chosen"], "fp32", device, threads)
         return engine, {**cached, "cached": str(path), "start_up_s": round(time.perf_counter() - t0, 3),
                         "why": f"{cached.get('why', '')} (measured at an earlier start, cached in {path})"}
+
+    if (found := cached_engine()) is not None:
+        return found
+    with measuring_alone(path):  # a runtime that started beside this one may have measured meanwhile
+        if (found := cached_engine()) is not None:
+            return found
+        return _measure(policy, open_engine, device, threads, drafter, k, path, options)
+
+
+def _measure(policy, open_engine, device, threads, drafter, k, path: Path | None, options: dict):
+    """choose_engine, its choice kept in `path` (None: not kept)."""
     engine, choice = choose_engine(policy, open_engine, device, threads, drafter, k, **options)
     if path is not None:
         tmp = path.with_suffix(f".{os.getpid()}.tmp")
@@ -270,6 +289,36 @@ def open_auto(policy, device: str = "cpu", threads: int = 1, drafter="kinematic"
         except OSError:  # a read-only home, a folder in the file's place: every start measures, as before
             tmp.unlink(missing_ok=True)
     return engine, {**choice, "cached": None}
+
+
+@contextlib.contextmanager
+def measuring_alone(path: Path | None, timeout_s: float = MEASURE_LOCK_TIMEOUT_S):
+    """Hold the machine's engine-choice lock (an flock on engine_choice/.measuring.lock beside `path`) for the block:
+    runtimes that start at once on a cold machine (a fleet, a launch file, a test suite) measure one after another,
+    each on an otherwise quiet machine, and all but the first usually find the numba kernels compiled and their choice
+    cached. The lock goes with its holder's process, whatever way it ends. After timeout_s of waiting, or where the
+    lock file cannot be made (path None, a read-only cache), the block runs unlocked."""
+    fd = None
+    if path is not None:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(path.parent / ".measuring.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError:
+            pass
+    try:
+        deadline = time.monotonic() + timeout_s
+        while fd is not None:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    break  # measured unlocked rather than never
+                time.sleep(0.1)
+        yield
+    finally:
+        if fd is not None:
+            os.close(fd)  # releases the lock
 
 
 def choice_cache_file(policy, device: str, threads: int, drafter, k: int, names: list[str]) -> Path | None:
