@@ -1,8 +1,10 @@
 """procs/forkserver.py: nodes forked from a server that imported edgeinfer once behave as subprocess.Popen children
 (exit codes, signals, timeouts, log files) and run the real `edgeinfer` command line."""
+import json
 import os
 import signal
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -35,3 +37,44 @@ def test_a_waiting_node_times_out_then_is_killed_in_its_own_session(tmp_path):
     node.kill()
     assert node.wait(timeout=60) == -signal.SIGKILL
     node.kill()  # reaped: a no-op, never a signal to a reused pid
+
+
+
+def test_a_node_takes_the_niceness_of_the_thread_that_asked_for_it(tmp_path):
+    """As a subprocess of the asking thread would (Linux keeps a niceness per thread), whatever the fork server's: in a
+    fresh process whose server a thread at nice 10 started, a node asked for at nice 15 runs at 15 and one asked for
+    at nice 0 at 0 (lowering a niceness needs CAP_SYS_NICE: without it, the server's 10)."""
+    script = f"""
+import json, os, threading
+from pathlib import Path
+from edgeinfer.core.config import to_argv
+from edgeinfer.core.transport import Endpoints
+from edgeinfer.procs import forkserver
+
+def nice_of(pid):
+    return int(Path(f"/proc/{{pid}}/stat").read_text().rsplit(")", 1)[1].split()[16])
+
+def at(nice, fn):
+    out = []
+    def run():
+        os.setpriority(os.PRIO_PROCESS, 0, nice)
+        out.append(fn())
+    t = threading.Thread(target=run)
+    t.start()
+    t.join()
+    return out[0]
+
+def node():
+    n = forkserver.ForkedNode(["control", *to_argv(Endpoints.free_loopback())], Path({str(tmp_path)!r}) / "c.log")
+    nice = nice_of(n.pid)
+    n.kill()
+    n.wait(timeout=60)
+    return nice
+
+at(10, forkserver.start)
+print(json.dumps([nice_of(forkserver._server().proc.pid), at(15, node), node()]))
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    server, at_15, at_0 = json.loads(out.stdout)
+    assert server == 10 and at_15 == 15 and at_0 == (0 if os.geteuid() == 0 else 10)

@@ -7,13 +7,14 @@ process's environment and working directory, is `python -m edgeinfer fork-server
 serve_forks its own main and a preload (both callables: this layer sits below the command line and names
 neither), the server calls preload once, and every node is an os.fork() of it that runs the very same
 main(argv) a fresh interpreter would: a separate OS process with its
-own sockets, stdout and stderr in a log file, a session of its own, and the EDGEINFER_PARENT_PID watch
+own sockets, stdout and stderr in a log file, a session of its own, the niceness of the thread that asked for it
+(as a subprocess of that thread would have), and the EDGEINFER_PARENT_PID watch
 (edgeinfer.core.lifecycle) naming the fork server, which exits when this process closes its end of the pipe (it
 died), so orphaned nodes stop.
 
 The fork server imports modules but runs nothing: it is single-threaded, and no torch thread pool, ZeroMQ
 context or CUDA state exists in it when it forks. Requests and replies are JSON lines over its stdin/stdout
-(no pickle): {"argv", "log", "cwd"} -> {"pid"} or {"error"}, and {"exit": pid, "code"} when a node exits
+(no pickle): {"argv", "log", "cwd", "nice"} -> {"pid"} or {"error"}, and {"exit": pid, "code"} when a node exits
 (code as subprocess.Popen.returncode: the exit status, or -N after signal N).
 """
 from __future__ import annotations
@@ -85,7 +86,9 @@ class _Client:
 
     def fork(self, argv: list[str], log_path: Path) -> int:
         """The pid of a new node running `edgeinfer <argv>` with its output in log_path. Raises RuntimeError."""
-        request = {"argv": argv, "log": str(log_path.resolve()), "cwd": os.getcwd()}
+        # the niceness of the asking thread, as a subprocess of it would have (Linux: per thread), not the server's
+        request = {"argv": argv, "log": str(log_path.resolve()), "cwd": os.getcwd(),
+                   "nice": os.getpriority(os.PRIO_PROCESS, 0)}
         with self.lock:
             try:
                 self.proc.stdin.write(json.dumps(request).encode() + b"\n")
@@ -180,6 +183,17 @@ def serve_forks(main: Callable[[list[str]], int], preload: Callable[[], None]) -
             _reap(replies)
 
 
+def _take_niceness(nice: int | None) -> None:
+    """Run at `nice` (None: as forked); lowering it below the server's needs CAP_SYS_NICE or RLIMIT_NICE: without
+    them the node keeps the server's, as `nice` would."""
+    if nice is None or nice == os.getpriority(os.PRIO_PROCESS, 0):
+        return
+    try:
+        os.setpriority(os.PRIO_PROCESS, 0, nice)
+    except (PermissionError, OSError):
+        pass
+
+
 def _reap(replies) -> None:
     while True:
         try:
@@ -200,6 +214,7 @@ def _run_node(main: Callable[[list[str]], int], request: dict, closing: tuple[in
         for fd in closing:
             os.close(fd)
         os.setsid()
+        _take_niceness(request.get("nice"))
         os.chdir(request["cwd"])
         devnull = os.open(os.devnull, os.O_RDONLY)
         os.dup2(devnull, 0)
