@@ -15,6 +15,8 @@ from edgeinfer.engines.backends.torch_batched import TorchBatchedEngine
 from edgeinfer.engines.backends.torch_engine import TorchEngine
 from edgeinfer.engines.models.drafters import KinematicDrafter
 
+pytestmark = pytest.mark.background  # CPU-bound, no real-time bound (tests/conftest.py)
+
 N_SLOTS = 8
 N_CHUNKS = 100
 K_MAX = 8  # drafts per verify pass: with the last committed token, a pass fills max_pass = 9 places

@@ -7,6 +7,8 @@ import torch
 
 from edgeinfer.bench.engines import METRICS, VERIFY_KS, bench_engines, headline, main
 
+pytestmark = pytest.mark.background  # CPU-bound, no real-time bound (tests/conftest.py)
+
 ROW_KEYS = {"backend", "precision", "device", "cuda_graphs", "per_token_us_p50", "per_token_us_p99", "verify_us_p50",
             "chunk_us_p50", "chunk_us_p99", "spec_chunk_us_p50", "max_abs_logit_diff", "token_agreement",
             "action_rmse_rad", "error"}

@@ -9,6 +9,8 @@ from rich.console import Console
 
 from edgeinfer.engines.backends.build import BuildConfig, build
 
+pytestmark = pytest.mark.background  # CPU-bound, no real-time bound (tests/conftest.py)
+
 
 def _cli(*args):
     return subprocess.run([sys.executable, "-m", "edgeinfer", "build", *args], capture_output=True, text=True,

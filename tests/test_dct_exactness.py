@@ -15,6 +15,8 @@ from edgeinfer.engines.models.paths import DCT_DRAFT, DCT_POLICY, DEFAULT_POLICY
 from edgeinfer.engines.models.policy import load_policy
 from edgeinfer.engines.training.evaluate import greedy_decode_batch
 
+pytestmark = pytest.mark.background  # CPU-bound, no real-time bound (tests/conftest.py)
+
 NAMES = ("kinematic", "early-exit", "learned")
 
 

@@ -15,6 +15,8 @@ from edgeinfer.engines.models.dct_tokenizer import DctTokenizer, completion_gain
 from edgeinfer.engines.models.paths import DCT_POLICY, DEFAULT_POLICY
 from edgeinfer.engines.models.tokenizer import ActionTokenizer, decode_chunk, encode_chunk, tokenizer_from_state
 
+pytestmark = pytest.mark.background  # CPU-bound, no real-time bound (tests/conftest.py)
+
 H, D = 8, 3
 
 

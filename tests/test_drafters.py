@@ -14,6 +14,8 @@ from edgeinfer.engines.models.drafters import DEFAULT_DRAFT, DRAFTERS, ModelDraf
 from edgeinfer.engines.models.policy import load_policy
 from edgeinfer.engines.training.evaluate import greedy_decode_batch
 
+pytestmark = pytest.mark.background  # CPU-bound, no real-time bound (tests/conftest.py)
+
 NAMES = ("kinematic", "early-exit", "learned")
 
 

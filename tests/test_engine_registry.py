@@ -9,6 +9,8 @@ from edgeinfer.engines.backends.build import load_engine
 from edgeinfer.engines.backends.calibration import sample_windows
 from edgeinfer.engines.backends.engine import BACKENDS, engine_class, unavailable_reason
 
+pytestmark = pytest.mark.background  # CPU-bound, no real-time bound (tests/conftest.py)
+
 
 def test_importing_the_runtime_imports_no_backend_library():
     code = ("import sys, edgeinfer.node.runtime, edgeinfer.engines.backends.engine, edgeinfer.engines.backends.build; "

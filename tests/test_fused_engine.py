@@ -22,6 +22,8 @@ from edgeinfer.engines.models.drafters import KinematicDrafter, make_drafter  # 
 from edgeinfer.engines.models.model import ActionTransformer  # noqa: E402
 from edgeinfer.engines.training.evaluate import greedy_decode_batch  # noqa: E402
 
+pytestmark = pytest.mark.background  # CPU-bound, no real-time bound (tests/conftest.py)
+
 FP32_ATOL = 1e-4
 F64_RTOL = F64_ATOL = 1e-6
 

@@ -7,6 +7,8 @@ from edgeinfer.engines.backends import build as build_module
 from edgeinfer.engines.backends.build import BuildConfig, build
 from edgeinfer.engines.backends.torch_engine import TorchEngine
 
+pytestmark = pytest.mark.background  # CPU-bound, no real-time bound (tests/conftest.py)
+
 
 def test_int8_engine_is_refused_past_a_tight_bound_and_labelled_lossy(schunk_dir, tmp_path, monkeypatch,
                                                                      one_torch_thread):

@@ -26,6 +26,8 @@ from edgeinfer.engines.backends.torch_engine import TorchEngine
 from edgeinfer.engines.models.llama import Llama, LlamaConfig
 from edgeinfer.engines.models.model_protocol import TorchModuleEngine
 
+pytestmark = pytest.mark.background  # CPU-bound, no real-time bound (tests/conftest.py)
+
 MAX_PASS = 17
 ATOL = RTOL = 1e-4
 

@@ -10,6 +10,8 @@ from edgeinfer.engines.models.llama import Llama, LlamaConfig, early_exit
 from edgeinfer.engines.models.model_protocol import EngineDrafter, TorchModuleEngine
 from edgeinfer.engines.peers.hf_peer import HfDecoder, peer_pair
 
+pytestmark = pytest.mark.background  # CPU-bound, no real-time bound (tests/conftest.py)
+
 LOGIT_ATOL = 1e-4
 
 

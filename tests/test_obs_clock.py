@@ -3,11 +3,14 @@ stream that comes late is stale, never taken for a clock offset; a timestamp ahe
 never followed as a jump. Only a source declared on another host's clock (other_host) is read against an offset.
 The same through a real `edgeinfer serve` process: tests/test_runtime_boundary.py."""
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from edgeinfer.core.wire import Observation, Start
 from edgeinfer.node.source import NOT_TAKEN, ObservationSource, SourceClock
+
+pytestmark = pytest.mark.background  # CPU-bound, no real-time bound (tests/conftest.py)
 
 MS, US = 1_000_000, 1_000
 P = 4 * MS  # 250 Hz

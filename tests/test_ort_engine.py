@@ -14,6 +14,8 @@ from edgeinfer.engines.backends.ort_engine import OrtEngine  # noqa: E402
 from edgeinfer.engines.backends.torch_engine import TorchEngine  # noqa: E402
 from edgeinfer.engines.models.drafters import KinematicDrafter  # noqa: E402
 
+pytestmark = pytest.mark.background  # CPU-bound, no real-time bound (tests/conftest.py)
+
 LOGIT_ATOL = 1e-4  # measured max 4.1e-5 on this sample (AMD EPYC, onnxruntime 1.32 CPU EP)
 # Fixed sample: its smallest top-1/top-2 logit margin is 2e-4, well above the backends' difference. Exact
 # token equality across backends holds only away from near-ties (margins of 1e-6 occur in the held-out set).

@@ -5,6 +5,8 @@ from synthetic_runs import report
 
 from edgeinfer.sim.plots import PLOT_FILES, plot_stages, plot_timeline, write_plots
 
+pytestmark = pytest.mark.background  # CPU-bound, no real-time bound (tests/conftest.py)
+
 PNG = b"\x89PNG\r\n\x1a\n"
 
 

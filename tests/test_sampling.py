@@ -14,6 +14,8 @@ from scipy.stats import chisquare
 from edgeinfer.core.acceptance import Greedy, Relaxed, Sampling, softmax
 from edgeinfer.core.speculative import FixedK, speculative_decode
 
+pytestmark = pytest.mark.background  # CPU-bound, no real-time bound (tests/conftest.py)
+
 N_BINS, N_TOKENS = 4, 4
 # samples per chi-square test: at 20k the wrong rule below already gives p = 0.0 (float64 underflow) and the
 # right one p > 0.8 for three seeds; 30k keeps a margin

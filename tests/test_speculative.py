@@ -1,5 +1,6 @@
 """Speculative decoding is exact: token-for-token identical to target-only greedy decoding on real data."""
 import numpy as np
+import pytest
 import torch
 
 from edgeinfer.core.scheduler import SchedulerConfig, TickPlanner
@@ -8,6 +9,8 @@ from edgeinfer.engines.backends.fused_engine import FusedEngine
 from edgeinfer.engines.backends.torch_engine import TorchEngine
 from edgeinfer.engines.models.drafters import KinematicDrafter
 from edgeinfer.engines.training.evaluate import greedy_decode_batch
+
+pytestmark = pytest.mark.background  # CPU-bound, no real-time bound (tests/conftest.py)
 
 
 def _obs(policy, f):

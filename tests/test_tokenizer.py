@@ -3,6 +3,8 @@ import pytest
 
 from edgeinfer.engines.models.tokenizer import ActionTokenizer
 
+pytestmark = pytest.mark.background  # CPU-bound, no real-time bound (tests/conftest.py)
+
 
 def make_tok():
     return ActionTokenizer(np.array([-0.01, -0.02]), np.array([0.01, 0.02]), n_bins=20)

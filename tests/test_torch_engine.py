@@ -11,6 +11,8 @@ from edgeinfer.engines.backends.torch_engine import TorchEngine
 from edgeinfer.engines.models.drafters import KinematicDrafter
 from edgeinfer.engines.training.evaluate import greedy_decode_batch
 
+pytestmark = pytest.mark.background  # CPU-bound, no real-time bound (tests/conftest.py)
+
 CUDA = torch.cuda.is_available()
 requires_cuda = pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
 requires_fp8_gpu = pytest.mark.skipif(not CUDA or torch.cuda.get_device_capability() < (8, 9),

@@ -20,6 +20,8 @@ from edgeinfer.engines.training.fit_data import FitDataConfig, default_horizon, 
 from edgeinfer.engines.training.train import TrainConfig, train
 from edgeinfer.logs.lerobot_log import list_lerobot_episodes
 
+pytestmark = pytest.mark.background  # CPU-bound, no real-time bound (tests/conftest.py)
+
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
 # name: (joints, rate Hz, episodes, default stride ticks, default horizon)
 LEROBOT = {"reachy2_lerobot_v30": (19, 30.0, 3, 1, 4), "gr1_sim_lerobot_v20": (44, 20.0, 5, 1, 2)}

@@ -5,6 +5,7 @@ import time
 from types import SimpleNamespace
 
 import numpy as np
+import pytest
 import torch
 
 from edgeinfer.core.speculative import FixedK, speculative_decode
@@ -12,6 +13,8 @@ from edgeinfer.core.wire import Observation
 from edgeinfer.engines.backends import auto
 from edgeinfer.engines.training.evaluate import greedy_decode_batch
 from edgeinfer.node.runtime import PolicyRuntime, RuntimeConfig
+
+pytestmark = pytest.mark.background  # CPU-bound, no real-time bound (tests/conftest.py)
 
 N_OBS = 1000
 

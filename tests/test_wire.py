@@ -21,6 +21,8 @@ from edgeinfer.core.wire import (
     encode,
 )
 
+pytestmark = pytest.mark.background  # CPU-bound, no real-time bound (tests/conftest.py)
+
 D = 7
 
 

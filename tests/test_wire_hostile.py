@@ -27,6 +27,8 @@ from edgeinfer.core.wire import (
     encode,
 )
 
+pytestmark = pytest.mark.background  # CPU-bound, no real-time bound (tests/conftest.py)
+
 _VALID = [
     Observation(3, 10, np.zeros(6), np.ones(6), np.zeros(6), np.ones(2), "imu:2"),
     ActionChunk(1, 3, 10, 20, 5, np.zeros((4, 6)), "full", 8, 2, 4, 3),
