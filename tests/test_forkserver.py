@@ -45,7 +45,7 @@ def test_a_node_takes_the_niceness_of_the_thread_that_asked_for_it(tmp_path):
     fresh process whose server a thread at nice 10 started, a node asked for at nice 15 runs at 15 and one asked for
     at nice 0 at 0 (lowering a niceness needs CAP_SYS_NICE: without it, the server's 10)."""
     script = f"""
-import json, os, threading
+import json, os, threading, time
 from pathlib import Path
 from edgeinfer.core.config import to_argv
 from edgeinfer.core.transport import Endpoints
@@ -66,6 +66,9 @@ def at(nice, fn):
 
 def node():
     n = forkserver.ForkedNode(["control", *to_argv(Endpoints.free_loopback())], Path({str(tmp_path)!r}) / "c.log")
+    want, deadline = os.getpriority(os.PRIO_PROCESS, 0), time.monotonic() + 30
+    while nice_of(n.pid) != want and time.monotonic() < deadline:  # the child renices itself after the fork's reply
+        time.sleep(0.01)
     nice = nice_of(n.pid)
     n.kill()
     n.wait(timeout=60)
