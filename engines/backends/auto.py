@@ -27,7 +27,6 @@ engine_choice/), so runtimes that start at once on a cold machine compile and me
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import importlib.metadata
 import json
@@ -39,6 +38,7 @@ from typing import Callable
 import numpy as np
 
 from edgeinfer.core.acceptance import Greedy
+from edgeinfer.core.filelock import held
 from edgeinfer.core.speculative import FixedK, speculative_decode
 from edgeinfer.engines.backends.engine import unavailable_reason
 
@@ -291,34 +291,12 @@ def _measure(policy, open_engine, device, threads, drafter, k, path: Path | None
     return engine, {**choice, "cached": None}
 
 
-@contextlib.contextmanager
 def measuring_alone(path: Path | None, timeout_s: float = MEASURE_LOCK_TIMEOUT_S):
-    """Hold the machine's engine-choice lock (an flock on engine_choice/.measuring.lock beside `path`) for the block:
-    runtimes that start at once on a cold machine (a fleet, a launch file, a test suite) measure one after another,
-    each on an otherwise quiet machine, and all but the first usually find the numba kernels compiled and their choice
-    cached. The lock goes with its holder's process, whatever way it ends. After timeout_s of waiting, or where the
-    lock file cannot be made (path None, a read-only cache), the block runs unlocked."""
-    fd = None
-    if path is not None:
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(path.parent / ".measuring.lock", os.O_RDWR | os.O_CREAT, 0o644)
-        except OSError:
-            pass
-    try:
-        deadline = time.monotonic() + timeout_s
-        while fd is not None:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    break  # measured unlocked rather than never
-                time.sleep(0.1)
-        yield
-    finally:
-        if fd is not None:
-            os.close(fd)  # releases the lock
+    """A context holding the machine's engine-choice lock (core.filelock on engine_choice/.measuring.lock beside
+    `path`): runtimes that start at once on a cold machine (a fleet, a launch file, a test suite) measure one after
+    another, each on an otherwise quiet machine, and all but the first usually find the numba kernels compiled and
+    their choice cached. Without a cache (path None), or after timeout_s of waiting, the block runs unlocked."""
+    return contextlib.nullcontext() if path is None else held(path.parent / ".measuring.lock", timeout_s)
 
 
 def choice_cache_file(policy, device: str, threads: int, drafter, k: int, names: list[str]) -> Path | None:

@@ -144,6 +144,13 @@ class BatchedFusedEngine:
                       np.zeros((rows, 4 * d)), np.zeros((rows, c.n_bins)), np.zeros(s))
         self._obs = np.zeros((n_slots, c.obs_dim))  # float32-rounded, as torch casts
         self._pos = np.zeros(rows, np.int64)
+        fe.kernels_ready(self._first_calls)
+
+    def _first_calls(self) -> None:
+        """A prefill of slot 0 and one greedy pass after it (fused_engine.kernels_ready): the kernels for the argument
+        types every later call has; slot 0's cache rows are overwritten by its first real prefill."""
+        self.forward_batch([Pass(0, np.zeros(self.cfg.obs_dim, np.float32), (), 0)])
+        self.greedy_runs([(0, 1, 0, 1)])
 
     @classmethod
     def from_policy(cls, policy, n_slots: int, threads: int = 1) -> "BatchedFusedEngine":

@@ -25,12 +25,16 @@ process, with a warning (checked in a read-only mount namespace).
 from __future__ import annotations
 
 import math
+import os
 import sys
-from typing import Sequence
+import tempfile
+from pathlib import Path
+from typing import Callable, Sequence
 
 import numpy as np
 from numba import njit
 
+from edgeinfer.core.filelock import held
 from edgeinfer.engines.models.model import ActionTransformer
 
 # tensors of the flat weight array, in order; per-layer ones repeat for each block (_pack)
@@ -253,6 +257,20 @@ def _greedy(w, off, dims, eps, kv, x, h, qkv, att, mlp, out, scores, obs, tokens
 
 # --- the engine ---------------------------------------------------------------------------------------
 
+# Processes that start at once on a cold machine (a fleet's runtimes, a launch file, test workers) compile the
+# kernels one at a time: the first compiles and writes numba's cache, the others load it (~25 s each otherwise, side
+# by side on the same CPUs). Per user and machine: a lock, not a cache, so any clone or install may share it.
+COMPILE_LOCK = Path(tempfile.gettempdir()) / f"edgeinfer-numba-compile-{os.getuid()}.lock"
+COMPILE_WAIT_S = 300.0  # the longest an engine waits for another process's compile before compiling itself
+
+
+def kernels_ready(first_calls: Callable[[], None]) -> None:
+    """Run `first_calls` (an engine's first call of each kernel entry: compiled, or loaded from numba's on-disk cache)
+    holding the machine's compile lock (COMPILE_LOCK, core.filelock), so that an engine's first pass is a pass."""
+    with held(COMPILE_LOCK, COMPILE_WAIT_S):
+        first_calls()
+
+
 class OneCallEngine:
     """What the fused and packed engines share: a pass, a whole greedy chunk or a target-only stretch is ONE numba
     call. A subclass sets cfg, backend, _obs (1, obs_dim) float32, _tokens (seq_len,) int64, _run_tokens (n_tokens,)
@@ -275,6 +293,12 @@ class OneCallEngine:
 
     def rollback(self, n: int) -> None:
         """Nothing to do: the cache is written by position (see engines/backends/engine.py)."""
+
+    def _first_calls(self) -> None:
+        """One pass and one greedy pass (a subclass's constructor runs them in kernels_ready): the kernels for the
+        argument types every later call has. Their cache rows are overwritten by the first real pass."""
+        self._run_pass(self._tokens, 0, 1, self._logits1)
+        self._run_greedy(self._run_tokens, 0, 1)
 
     def greedy_chunk(self, obs: np.ndarray) -> list[int]:
         """Target-only greedy decoding of a whole chunk in ONE numba call: obs (obs_dim,) float32 -> n_tokens
@@ -333,6 +357,7 @@ class FusedEngine(OneCallEngine):
         self._run_tokens = np.zeros(c.n_tokens, np.int64)  # greedy_run's committed and new tokens
         self._logits1 = np.empty((1, c.n_bins), np.float32)  # the logits of one greedy pass
         self.plan = None  # no plan file: the weights are copied at start-up
+        kernels_ready(self._first_calls)
 
     @classmethod
     def from_policy(cls, policy, precision: str = "fp32", device: str = "cpu", threads: int = 1) -> "FusedEngine":

@@ -57,6 +57,7 @@ from edgeinfer.engines.backends.fused_engine import (
     _check,
     _kernel,
     _layer_norm,
+    kernels_ready,
     softmax_mix,
 )
 from edgeinfer.engines.backends.simd import linear, pack_linear, padded, panel_columns
@@ -363,14 +364,20 @@ class PackedEngine(OneCallEngine):
         self._run_tokens = np.zeros(c.n_tokens, np.int64)
         self._logits1 = np.empty((1, c.n_bins), f32)
         self._worker = None
+        self.plan = None  # no plan file: the weights are packed at start-up
+        kernels_ready(self._first_calls)
         if threads == 2:
-            self._ctl[STOPPED] = 1
-            _worker(self._ctl, *self._arrays, 0)  # compiles (or loads from the cache) now, not in the first chunk
-            self._ctl[STOPPED] = 0
             self._worker = threading.Thread(target=_serve, args=(self._ctl, self._arrays), name="packed-engine-worker",
                                             daemon=True)
             self._worker.start()
-        self.plan = None  # no plan file: the weights are packed at start-up
+
+    def _first_calls(self) -> None:
+        """The pass, the greedy pass and the worker's stage loop (kernels_ready): each compiled now, not in a chunk."""
+        super()._first_calls()
+        if self.threads == 2:
+            self._ctl[STOPPED] = 1
+            _worker(self._ctl, *self._arrays, 0)  # returns at once: stopped
+            self._ctl[STOPPED] = 0
 
     @classmethod
     def from_policy(cls, policy, precision: str = "fp32", device: str = "cpu", threads: int = 1) -> "PackedEngine":

@@ -1,0 +1,73 @@
+"""core/filelock.py: processes that start together take turns (an engine's kernels compile once, an engine choice
+is measured once); a lock that cannot be had in time, or made at all, is waited out and then gone without."""
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from edgeinfer.core.filelock import held
+from edgeinfer.engines.backends.fused_engine import COMPILE_LOCK
+
+HOLDER = """
+import fcntl, os, sys, time
+fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT)
+fcntl.flock(fd, fcntl.LOCK_EX)
+print("locked", flush=True)
+time.sleep(float(sys.argv[2]))
+open(sys.argv[3], "w").close()  # written while the lock is still held
+os._exit(9)  # no unlock, no close: the kernel releases it with the process
+"""
+
+
+RELEASE_ON_INPUT = """
+import fcntl, os, sys
+fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT)
+fcntl.flock(fd, fcntl.LOCK_EX)
+print("locked", flush=True)
+sys.stdin.readline()
+open(sys.argv[2], "w").close()
+"""
+
+
+def _hold(lock: Path, seconds: float, marker: Path) -> subprocess.Popen:
+    proc = subprocess.Popen([sys.executable, "-c", HOLDER, str(lock), str(seconds), str(marker)],
+                            stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline() == "locked\n"
+    return proc
+
+
+def test_a_waiter_gets_the_lock_once_its_holder_dies_and_gives_up_after_its_timeout(tmp_path):
+    lock, marker = tmp_path / "locks" / "x.lock", tmp_path / "released"
+    holder = _hold(tmp_path / "x.lock", 30.0, marker)
+    with held(tmp_path / "x.lock", timeout_s=0.2) as got:
+        assert got is False and not marker.exists()  # waited 0.2 s, then ran without it
+    holder.kill()
+    holder.wait(timeout=30)
+    with held(tmp_path / "x.lock", timeout_s=30) as got:
+        assert got is True  # a SIGKILLed holder's lock is free
+    with held(lock, timeout_s=1) as got:  # its folder is made
+        assert got is True and lock.exists()
+    (tmp_path / "a_file").write_text("")
+    with held(tmp_path / "a_file" / "x.lock", timeout_s=1) as got:  # a file where the folder should be
+        assert got is False
+
+
+def test_an_engine_opened_while_another_process_compiles_waits_for_its_kernels(tmp_path):
+    """The compile lock is held by another process (as while it compiles): a FusedEngine made meanwhile returns only
+    after that process let go, its kernels then loaded from numba's cache rather than compiled beside it."""
+    marker = tmp_path / "released"
+    holder = subprocess.Popen([sys.executable, "-c", RELEASE_ON_INPUT, str(COMPILE_LOCK), str(marker)],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline() == "locked\n"
+    script = ("import sys; from pathlib import Path\n"
+              "from edgeinfer.engines.backends.fused_engine import FusedEngine\n"
+              "from edgeinfer.engines.models.policy import load_policy\n"
+              "policy = load_policy()\n"
+              "print('making', flush=True)\n"
+              "FusedEngine.from_policy(policy)\n"
+              f"print(Path({str(marker)!r}).exists(), flush=True)\n")
+    engine = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    assert engine.stdout.readline() == "making\n"
+    time.sleep(1.0)  # unlocked, its kernels would load from the cache meanwhile (a cold compile: the marker is late)
+    holder.communicate("release\n", timeout=60)  # the marker is written, then the lock goes
+    assert engine.stdout.readline() == "True\n" and engine.wait(timeout=300) == 0
