@@ -20,7 +20,8 @@ rollback is a no-op, as in the other engines. Work buffers are preallocated; a p
 Compile cost: the kernels compile on first use (cold: ~25 s on a loaded 2-core VM) and numba caches them
 on disk (warm: ~1 s to load), in the first writable folder of $NUMBA_CACHE_DIR, engines/__pycache__,
 ~/.cache/numba. A read-only install with a read-only home has none: the kernels then compile in every
-process, with a warning (checked in a read-only mount namespace).
+process, with a warning (checked in a read-only mount namespace). An engine compiles (or loads) its kernels when it
+is made, holding a machine-wide lock (kernels_ready): processes that start together compile once.
 """
 from __future__ import annotations
 
