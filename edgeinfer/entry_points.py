@@ -116,10 +116,11 @@ def control_configs():
 
 def control(args, cfg, endpoints) -> int:
     from edgeinfer.control.loop import ControlLoop
+    from edgeinfer.core.logwriter import print_last
 
     with ControlLoop(cfg, endpoints) as loop:
         stats = loop.run(loop.handshake())
-    print(f"control: {stats}")
+    print_last(f"control: {stats}")
     return 0
 
 

@@ -11,7 +11,6 @@ Both show in report.json: "policy_defaults" (what was taken) and "limits" (value
 """
 from __future__ import annotations
 
-import json
 import shlex
 from pathlib import Path
 
@@ -19,7 +18,7 @@ from rich.console import Console
 
 from edgeinfer.control.limits import JointCountError, ResolvedLimits, resolve_limits
 from edgeinfer.core.progress import say
-from edgeinfer.engines.models.paths import trained_policy_path
+from edgeinfer.engines.models.paths import read_manifest, trained_policy_path
 from edgeinfer.logs import detect_format
 from edgeinfer.logs.arm_log import ArmLog, LogError
 from edgeinfer.logs.options import ReaderOptions
@@ -32,10 +31,7 @@ def policy_manifest(runtime: RuntimeConfig) -> dict | None:
     ValueError naming the file when it is not JSON."""
     if runtime.byo_spec is not None:
         return None
-    try:
-        return json.loads(Path(runtime.policy).read_text())
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{runtime.policy}: not a policy manifest ({e})") from None
+    return read_manifest(runtime.policy)
 
 
 def policy_shape(runtime: RuntimeConfig, log: ArmLog) -> dict:

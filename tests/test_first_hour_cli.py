@@ -48,6 +48,21 @@ def test_bad_paths_name_their_option(tmp_path):
         "name (default, large, dct)")
 
 
+def test_a_file_that_is_not_a_manifest_is_named_by_serve_and_replay_alike(tmp_path):
+    """One reader of manifests (engines/models/paths.read_manifest) for the replayer's preflight and the runtime."""
+    from edgeinfer.core.config import to_argv
+    from edgeinfer.core.transport import Endpoints
+
+    for content, why in ((b"root:x:0:0:root:/root:/bin/bash\n", "Expecting value"), (b"[1, 2]", "a JSON list"),
+                         (bytes(range(128, 256)), "codec can't decode")):
+        path = tmp_path / "p.json"
+        path.write_bytes(content)
+        for argv in (["replay", "--policy", str(path), "--out", str(tmp_path / "o")],
+                     ["serve", "--policy", str(path), *to_argv(Endpoints.free_loopback())]):
+            line = _one_error_line(_edgeinfer(*argv))
+            assert line.startswith(f"edgeinfer {argv[0]}: error: {path}: not a policy manifest (") and why in line
+
+
 def test_serve_on_a_port_in_use_says_so_in_one_line():
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))

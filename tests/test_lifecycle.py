@@ -113,21 +113,22 @@ def test_a_node_that_dies_during_start_up_is_named_with_its_log(tmp_path):
 
 
 def test_exit_now_writes_the_queued_log_lines_and_stdout_then_skips_the_teardown(tmp_path):
-    """A node ends with core.lifecycle.exit_now: every line queued for the log writer and printed is in its log, the
-    exit status is kept, and nothing of the interpreter's teardown runs (an atexit handler here)."""
+    """A node ends with core.lifecycle.exit_now: every line queued for the log writer is in its log, its closing
+    summary (print_last) after them, the exit status is kept, and nothing of the interpreter's teardown runs (an atexit
+    handler here)."""
     script = ("import atexit\n"
               "from edgeinfer.core.lifecycle import exit_now\n"
-              "from edgeinfer.core.logwriter import emit\n"
+              "from edgeinfer.core.logwriter import emit, print_last\n"
               "atexit.register(lambda: print('teardown ran'))\n"
               "for i in range(200):\n"
               "    emit(f'line {i}')\n"
-              "print('printed last')\n"
+              "print_last('summary last')\n"
               "exit_now(3)\n")
     with open(tmp_path / "node.log", "w") as log:
         code = subprocess.run([sys.executable, "-c", script], stdout=log, stderr=subprocess.STDOUT,
                               timeout=60).returncode
     text = (tmp_path / "node.log").read_text()
-    assert code == 3 and "teardown ran" not in text and "printed last" in text.splitlines()
+    assert code == 3 and "teardown ran" not in text and text.splitlines()[-1] == "summary last"  # after the queue
     assert [f"line {i}" for i in range(200)] == [line for line in text.splitlines() if line.startswith("line ")]
 
 

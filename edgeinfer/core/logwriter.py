@@ -130,6 +130,13 @@ def flush_process_writer(timeout_s: float = FLUSH_TIMEOUT_S) -> bool:
     return writer is None or writer.flush(timeout_s)
 
 
+def print_last(text: str) -> None:
+    """A node's closing summary on stdout, whole (emit cuts long lines) and after every line queued before it (the
+    queue is flushed first, for at most its flush timeout)."""
+    flush_process_writer()
+    print(text, flush=True)
+
+
 def _forget_after_fork() -> None:
     global _process_writer  # a forked child (procs/forkserver.py) has none of its parent's threads
     _process_writer = None

@@ -30,7 +30,7 @@ import zmq
 
 from edgeinfer.core.clock import now_ns, pin_to_cpus
 from edgeinfer.core.lifecycle import ParentWatch
-from edgeinfer.core.logwriter import emit
+from edgeinfer.core.logwriter import emit, print_last
 from edgeinfer.core.transport import DEFAULT_HWM, MAX_MESSAGE_BYTES, READ_LIMIT, recv_frames
 from edgeinfer.core.wire import (
     Admission,
@@ -306,7 +306,7 @@ class FleetNode:
         if self.cfg.report is not None:
             Path(self.cfg.report).parent.mkdir(parents=True, exist_ok=True)
             Path(self.cfg.report).write_text(json.dumps(report, indent=1) + "\n")
-        print(f"fleet: {summary(report)}", flush=True)  # after the run, whole (emit cuts long lines)
+        print_last(f"fleet: {summary(report)}")
         return report
 
     def report(self) -> dict:

@@ -26,7 +26,7 @@ from edgeinfer.core import transport
 from edgeinfer.core.clock import check_period_ns, now_ns, pin_to_cpus, wait_until
 from edgeinfer.core.lifecycle import ParentWatch
 from edgeinfer.core.liveliness import LinkMonitor
-from edgeinfer.core.logwriter import emit
+from edgeinfer.core.logwriter import emit, print_last
 from edgeinfer.core.protocols import Runtime
 from edgeinfer.core.scheduler import UNRESOLVED_BUDGET_MS
 from edgeinfer.core.wire import ActionChunk, Hello, Message, Observation, ObservationMismatch, Start, Stop
@@ -321,8 +321,7 @@ class RuntimeNode:
         self.liveliness.stop()  # before the socket it shares closes
         self.telemetry.publish_final()
         self.out.sock.close(linger=200)  # LINGER 0 elsewhere: give that last message a moment to leave
-        # after the run, not cut (emit cuts long lines)
-        print(f"runtime: {self.runtime.n_chunks} chunks sent; {self.telemetry.summary()}", flush=True)
+        print_last(f"runtime: {self.runtime.n_chunks} chunks sent; {self.telemetry.summary()}")
         return self.runtime.n_chunks
 
     def close(self) -> None:

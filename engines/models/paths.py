@@ -1,5 +1,6 @@
 """Where the shipped weights live, and where trained ones go: importable without torch (nodes that only read a
 manifest, such as the replayer and the control loop, never load torch)."""
+import json
 from pathlib import Path
 
 WEIGHTS_DIR = Path(__file__).resolve().parents[1] / "weights"
@@ -56,3 +57,15 @@ def serve_defaults(manifest: Path) -> dict:
     if not isinstance(out.get("drafter", ""), str):
         raise ValueError(f"{manifest}: serve.drafter must be a drafter's name, got {out['drafter']!r}")
     return out
+
+
+def read_manifest(path: Path | str) -> dict:
+    """A policy manifest's JSON object. Raises FileNotFoundError, and ValueError naming the file when it is not a
+    JSON object (another file given as --policy: a binary, /etc/passwd, a list)."""
+    try:
+        manifest = json.loads(Path(path).read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path}: not a policy manifest ({e})") from None
+    if not isinstance(manifest, dict):
+        raise ValueError(f"{path}: not a policy manifest (a JSON {type(manifest).__name__}, not an object)")
+    return manifest

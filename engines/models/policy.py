@@ -22,7 +22,7 @@ from edgeinfer.core.config import load
 from edgeinfer.engines.models.dct_tokenizer import DctTokenizer
 from edgeinfer.engines.models.features import feature_increment, observation_features  # noqa: F401  (re-exported)
 from edgeinfer.engines.models.model import ActionTransformer, PolicyConfig
-from edgeinfer.engines.models.paths import DEFAULT_POLICY
+from edgeinfer.engines.models.paths import DEFAULT_POLICY, read_manifest
 from edgeinfer.engines.models.tokenizer import ActionTokenizer, tokenizer_from_state
 from edgeinfer.engines.models.weights_io import MAX_WEIGHTS_MB, inside, load_state_dict
 
@@ -105,7 +105,7 @@ def load_policy(manifest_path: Path | str = DEFAULT_POLICY, manifest: dict | Non
     or it names a factory (engines/models/served.py).
     """
     manifest_path = Path(manifest_path)
-    manifest = json.loads(manifest_path.read_text()) if manifest is None else manifest
+    manifest = read_manifest(manifest_path) if manifest is None else manifest
     if "factory" in manifest:
         raise ValueError(f"{manifest_path} is a factory policy (engines/models/factory.py): serve, replay, hil, "
                          "launch and the embedded Controller run it; this command takes the built-in policy only")

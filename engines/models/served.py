@@ -7,10 +7,9 @@ Engine. This module sits above policy, factory and build, so none of them import
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-from edgeinfer.engines.models.paths import DEFAULT_POLICY
+from edgeinfer.engines.models.paths import DEFAULT_POLICY, read_manifest
 from edgeinfer.engines.models.policy import Policy, load_policy
 from edgeinfer.engines.models.weights_io import MAX_WEIGHTS_MB
 
@@ -22,7 +21,7 @@ def load_served_policy(manifest_path: Path | str = DEFAULT_POLICY, trust_code: b
     the cap of each weights file. Raises as load_policy and load_factory_policy do (PolicyCodeRefused: a factory
     manifest without trust_code)."""
     manifest_path = Path(manifest_path)
-    manifest = json.loads(manifest_path.read_text())
+    manifest = read_manifest(manifest_path)
     if "factory" in manifest:
         from edgeinfer.engines.models.factory import load_factory_policy  # torch modules of the user's: only when asked
 
