@@ -20,12 +20,13 @@ os._exit(9)  # no unlock, no close: the kernel releases it with the process
 
 
 RELEASE_ON_INPUT = """
-import fcntl, os, sys
-fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT)
-fcntl.flock(fd, fcntl.LOCK_EX)
-print("locked", flush=True)
-sys.stdin.readline()
-open(sys.argv[2], "w").close()
+import sys
+from pathlib import Path
+from edgeinfer.core.filelock import held
+with held(Path(sys.argv[1]), 60) as got:
+    print("locked" if got else "not locked", flush=True)
+    sys.stdin.readline()
+    open(sys.argv[2], "w").close()
 """
 
 
@@ -66,8 +67,25 @@ def test_an_engine_opened_while_another_process_compiles_waits_for_its_kernels(t
               "print('making', flush=True)\n"
               "FusedEngine.from_policy(policy)\n"
               f"print(Path({str(marker)!r}).exists(), flush=True)\n")
-    engine = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    engine = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True)
     assert engine.stdout.readline() == "making\n"
     time.sleep(1.0)  # unlocked, its kernels would load from the cache meanwhile (a cold compile: the marker is late)
     holder.communicate("release\n", timeout=60)  # the marker is written, then the lock goes
     assert engine.stdout.readline() == "True\n" and engine.wait(timeout=300) == 0
+    # and it said why it waited, naming the holder
+    assert f"engine: waiting for process {holder.pid} to finish compiling numba kernels" in engine.stderr.read()
+
+
+def test_a_waiter_is_told_the_holders_pid_once(tmp_path):
+    lock = tmp_path / "x.lock"
+    holder = subprocess.Popen([sys.executable, "-c", RELEASE_ON_INPUT, str(lock), str(tmp_path / "m")],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline() == "locked\n"
+    told = []
+    with held(lock, timeout_s=0.3, waiting=told.append) as got:
+        assert got is False
+    holder.communicate("release\n", timeout=60)
+    assert told == [str(holder.pid)]
+    with held(lock, timeout_s=5, waiting=told.append) as got:  # free: nobody to wait for, nothing said
+        assert got is True and told == [str(holder.pid)] and lock.read_text() == str(__import__("os").getpid())

@@ -12,15 +12,17 @@ import fcntl
 import os
 import time
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 POLL_S = 0.05  # how often a waiter tries the lock again
 
 
 @contextlib.contextmanager
-def held(path: Path, timeout_s: float) -> Iterator[bool]:
+def held(path: Path, timeout_s: float, waiting: Callable[[str], None] | None = None) -> Iterator[bool]:
     """Hold an exclusive flock on `path` (made, with its folder, if missing) for the block; yields True when held,
-    False when the block runs without it (the file cannot be made, or timeout_s s of waiting went by)."""
+    False when the block runs without it (the file cannot be made, or timeout_s s of waiting went by). The holder
+    writes its pid into the file; waiting(holder) is called once when the lock is taken, holder the pid found there
+    ("" when none), so that a wait is never silent."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
@@ -28,13 +30,18 @@ def held(path: Path, timeout_s: float) -> Iterator[bool]:
         yield False
         return
     try:
-        deadline = time.monotonic() + timeout_s
+        deadline, told = time.monotonic() + timeout_s, False
         while True:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 locked = True
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, str(os.getpid()).encode(), 0)
                 break
             except BlockingIOError:
+                if waiting is not None and not told:
+                    told = True
+                    waiting(os.pread(fd, 32, 0).decode(errors="replace").strip())
                 if time.monotonic() >= deadline:
                     locked = False
                     break

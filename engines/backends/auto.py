@@ -31,6 +31,7 @@ import hashlib
 import importlib.metadata
 import json
 import os
+import sys
 import time
 from pathlib import Path
 from typing import Callable
@@ -296,7 +297,12 @@ def measuring_alone(path: Path | None, timeout_s: float = MEASURE_LOCK_TIMEOUT_S
     `path`): runtimes that start at once on a cold machine (a fleet, a launch file, a test suite) measure one after
     another, each on an otherwise quiet machine, and all but the first usually find the numba kernels compiled and
     their choice cached. Without a cache (path None), or after timeout_s of waiting, the block runs unlocked."""
-    return contextlib.nullcontext() if path is None else held(path.parent / ".measuring.lock", timeout_s)
+    if path is None:
+        return contextlib.nullcontext()
+    lock = path.parent / ".measuring.lock"
+    return held(lock, timeout_s, lambda holder: print(
+        f"engine choice: waiting for process {holder or '?'} to finish measuring this machine's engines (up to "
+        f"{timeout_s:g} s; lock {lock}); its choice is then opened if it fits", file=sys.stderr, flush=True))
 
 
 def choice_cache_file(policy, device: str, threads: int, drafter, k: int, names: list[str]) -> Path | None:

@@ -268,7 +268,11 @@ COMPILE_WAIT_S = 300.0  # the longest an engine waits for another process's comp
 def kernels_ready(first_calls: Callable[[], None]) -> None:
     """Run `first_calls` (an engine's first call of each kernel entry: compiled, or loaded from numba's on-disk cache)
     holding the machine's compile lock (COMPILE_LOCK, core.filelock), so that an engine's first pass is a pass."""
-    with held(COMPILE_LOCK, COMPILE_WAIT_S):
+    def waiting(holder: str) -> None:
+        print(f"engine: waiting for process {holder or '?'} to finish compiling numba kernels (up to "
+              f"{COMPILE_WAIT_S:g} s; lock {COMPILE_LOCK}); they then load from its cache", file=sys.stderr, flush=True)
+
+    with held(COMPILE_LOCK, COMPILE_WAIT_S, waiting):
         first_calls()
 
 
