@@ -78,8 +78,10 @@ class ControlConfig(CommandConfig):
             raise ValueError("ControlConfig: need 0 < control_heartbeat_ms < control_lease_ms and "
                              f"control_stats_ms > 0, got {self.control_heartbeat_ms}, {self.control_lease_ms}, "
                              f"{self.control_stats_ms}")
-        if not 0 <= self.phase_ms < 1000 or not 0 <= self.spin_us <= 10_000:
-            raise ValueError("ControlConfig.phase_ms must be in [0, 1000) and spin_us in [0, 10000]")
+        if not 0 <= self.phase_ms < 1000:
+            raise ValueError(f"ControlConfig.phase_ms must be in [0, 1000), got {self.phase_ms}")
+        if not 0 <= self.spin_us <= 10_000:
+            raise ValueError(f"ControlConfig.spin_us must be in [0, 10000], got {self.spin_us}")
         if not self.obs_read_budget_us > 0:
             raise ValueError(f"ControlConfig.obs_read_budget_us must be > 0, got {self.obs_read_budget_us}")
         if not self.runtime_lease_max_periods > 0:
