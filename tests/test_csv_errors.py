@@ -123,6 +123,17 @@ def test_latin1_body_line_is_named(tmp_path):
         read_log(path)
 
 
+def test_random_bytes_are_refused_in_one_error_and_nothing_else_is_printed(tmp_path, capfd):
+    """pyarrow hands rows it cannot decode to the row handler and prints "Exception ignored" for them: the reader
+    checks the encoding of pyarrow's first block before it reads the header."""
+    path = tmp_path / "noise.csv"
+    path.write_bytes(np.random.default_rng(1).integers(0, 256, 3000, dtype=np.uint8).tobytes())
+    with pytest.raises(LogError, match=re.escape(f"{path} byte ") + r"\d+ \(line \d+\): not utf-8 text"):
+        read_log(path)
+    out, err = capfd.readouterr()
+    assert out == err == ""
+
+
 # --- 4: the decimal mark comes from the columns read ------------------------------------------------------------
 
 

@@ -290,10 +290,19 @@ def _decimal_mark(path: Path, columns: list[tuple[str, object]], lines: np.ndarr
     return "," if comma else "."
 
 
+_HEADER_BYTES = 1 << 20  # checked for the encoding before pyarrow reads the header (its first block)
+
+
 def _header(path: Path, sep: str, encoding: str) -> list[str]:
     import pyarrow as pa
     import pyarrow.csv as pacsv
 
+    with path.open("rb") as fh:  # text pyarrow cannot decode reaches its row handler as an "Exception ignored"
+        head = fh.read(_HEADER_BYTES)
+    try:
+        codecs.getincrementaldecoder(encoding)().decode(head)  # a character cut at the end of head waits, no error
+    except UnicodeDecodeError:
+        raise LogError(_undecodable(path, encoding) or f"{path}: not {encoding} text") from None
     try:
         with pacsv.open_csv(path, read_options=pacsv.ReadOptions(use_threads=False, encoding=encoding),
                             parse_options=pacsv.ParseOptions(delimiter=sep, invalid_row_handler=lambda row: "skip")
