@@ -34,7 +34,9 @@ def replay(args, cfg) -> int:
     from edgeinfer.sim.replay import replay as run_replay
 
     report = run_replay(cfg)
-    print(f"wrote {cfg.out}/: {_outputs(cfg, report, 'runtime.log', 'control.log')}")
+    restarted = ("runtime.restarted.log",) if ((report.get("injected") or {}).get("runtime_kill") or {}).get(
+        "restarted") else ()
+    print(f"wrote {cfg.out}/: {_outputs(cfg, report, 'runtime.log', *restarted, 'control.log')}")
     if report["interrupted"]:
         return 130
     if not all(code == 0 for code in report["process_exit_codes"].values()):
