@@ -57,15 +57,17 @@ def wakeup_latency_us(period_ns: int, duration_s: float, now: Callable[[], int] 
 
 
 def sched_state(pid: int = 0, requested: int | None = None) -> dict:
-    """{"policy": "SCHED_FIFO" | "SCHED_OTHER" | ..., "priority", "requested", "granted"} of process `pid` (its
-    main thread; 0 = the calling thread). granted: SCHED_FIFO or SCHED_RR at `requested` (None when nothing
-    was requested, i.e. requested is None or 0). {"policy": None, ...} when the process is gone or not Linux."""
+    """{"policy": "SCHED_FIFO" | "SCHED_OTHER" | ..., "priority", "nice", "requested", "granted"} of process `pid`
+    (its main thread; 0 = the calling thread). nice: its niceness (what SCHED_OTHER weighs). granted: SCHED_FIFO or
+    SCHED_RR at `requested` (None when nothing was requested, i.e. requested is None or 0). {"policy": None, ...}
+    when the process is gone or not Linux."""
     try:
         policy, priority = POLICIES.get(os.sched_getscheduler(pid)), os.sched_getparam(pid).sched_priority
+        nice = os.getpriority(os.PRIO_PROCESS, pid)
     except (AttributeError, OSError):
-        policy, priority = None, None
+        policy, priority, nice = None, None, None
     granted = None if not requested else policy in ("SCHED_FIFO", "SCHED_RR") and priority == requested
-    return {"policy": policy, "priority": priority, "requested": requested, "granted": granted}
+    return {"policy": policy, "priority": priority, "nice": nice, "requested": requested, "granted": granted}
 
 
 def governor() -> str:

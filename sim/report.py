@@ -212,14 +212,16 @@ def _wakeup(report: dict) -> str:
 
 
 def _realtime(report: dict) -> str:
-    """Per process: its scheduler and priority, e.g. "replayer FIFO 70, control OTHER (60 refused)"."""
+    """Per process: its scheduler and priority, and a niceness other than 0, e.g. "replayer FIFO 70, control OTHER 0
+    (60 refused), runtime OTHER 0 nice 10"."""
     rt = _get(report, "host", "realtime")
     if not isinstance(rt, dict):
         return _MISSING
 
     def one(name: str, st: dict) -> str:
         got = f"{str(st.get('policy')).removeprefix('SCHED_')} {st.get('priority')}"
-        return f"{name} {got}" + (f" ({st['requested']} refused)" if st.get("granted") is False else "")
+        nice = f" nice {st['nice']}" if st.get("nice") else ""  # absent from reports before it was recorded
+        return f"{name} {got}{nice}" + (f" ({st['requested']} refused)" if st.get("granted") is False else "")
     return ", ".join(one(name, st) for name, st in rt.items() if isinstance(st, dict))
 
 

@@ -62,7 +62,8 @@ def test_host_state_describes_the_machine():
 
 
 def test_sched_state_reads_what_a_process_got():
-    assert sched_state(0) == {"policy": "SCHED_OTHER", "priority": 0, "requested": None, "granted": None}
+    mine = os.getpriority(os.PRIO_PROCESS, 0)
+    assert sched_state(0) == {"policy": "SCHED_OTHER", "priority": 0, "nice": mine, "requested": None, "granted": None}
     assert sched_state(0, 60)["granted"] is False  # asked for, not granted
     code = ("import os, time; os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(7)); print(1, flush=True); "
             "time.sleep(30)")
@@ -70,12 +71,21 @@ def test_sched_state_reads_what_a_process_got():
     try:
         if child.stdout.readline().strip() != b"1":
             pytest.skip("SCHED_FIFO not permitted here")
-        assert sched_state(child.pid, 7) == {"policy": "SCHED_FIFO", "priority": 7, "requested": 7, "granted": True}
+        assert sched_state(child.pid, 7) == {"policy": "SCHED_FIFO", "priority": 7, "nice": mine, "requested": 7,
+                                             "granted": True}
         assert sched_state(child.pid, 60)["granted"] is False  # FIFO, but not the priority asked for
     finally:
         child.kill()
         child.wait()
     assert sched_state(child.pid)["policy"] is None  # gone
+    niced = subprocess.Popen(["nice", "-n", "7", sys.executable, "-c", "import time; print(1, flush=True); "
+                              "time.sleep(30)"], stdout=subprocess.PIPE)
+    try:
+        assert niced.stdout.readline().strip() == b"1"
+        assert sched_state(niced.pid)["nice"] == min(mine + 7, 19)  # a run under `nice` is told apart
+    finally:
+        niced.kill()
+        niced.wait()
 
 
 def test_measure_host_restores_this_process():
@@ -96,7 +106,9 @@ def _report(cpu: str, load: float, control_granted: bool) -> dict:
                                                "granted": True},
                                   "control": {"policy": "SCHED_FIFO" if control_granted else "SCHED_OTHER",
                                               "priority": 60 if control_granted else 0, "requested": 60,
-                                              "granted": control_granted}}}}
+                                              "granted": control_granted},
+                                  "runtime": {"policy": "SCHED_OTHER", "priority": 0, "nice": 10 if load > 1 else 0,
+                                              "requested": None, "granted": None}}}}
 
 
 def test_table_shows_the_host_and_compare_shows_where_hosts_differ():
@@ -105,7 +117,8 @@ def test_table_shows_the_host_and_compare_shows_where_hosts_differ():
     print_table([a, b], Console(file=out, width=250))
     text = out.getvalue()
     assert "Xeon, 2 CPUs, governor unknown, load 1.50/1.00/1.00" in text and "60 / 250 / 900 (n=125)" in text
-    assert "replayer FIFO 70, control FIFO 60" in text and "control OTHER 0 (60 refused)" in text
+    assert "replayer FIFO 70, control FIFO 60, runtime OTHER 0 nice 10" in text
+    assert "control OTHER 0 (60 refused)" in text and text.count(" nice ") == 1  # a niceness of 0 goes unsaid
     rows = {r["figure"]: r for r in compare(a, b)}
     assert rows["host CPU"]["a"] == "Xeon" and rows["host CPU"]["b"] == "EPYC"
     assert rows["real-time control"]["a"] == "granted" and rows["real-time control"]["b"] == "refused"
