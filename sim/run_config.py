@@ -142,8 +142,8 @@ class ReplayConfig(SessionConfig):
             raise ValueError(f"ReplayConfig.kill_runtime_at_tick must be >= 0, got {self.kill_runtime_at_tick}")
         if self.restart_runtime_after_ms is not None and (self.kill_runtime_at_tick is None
                                                           or not self.restart_runtime_after_ms >= 0):
-            raise ValueError("ReplayConfig.restart_runtime_after_ms needs kill_runtime_at_tick and must be >= 0, got "
-                             f"{self.restart_runtime_after_ms}")
+            raise ValueError("ReplayConfig.restart_runtime_after_ms needs ReplayConfig.kill_runtime_at_tick and must "
+                             f"be >= 0, got {self.restart_runtime_after_ms}")
         if self.stall_runtime_at_tick is not None and self.stall_runtime_at_tick < 0:
             raise ValueError(f"ReplayConfig.stall_runtime_at_tick must be >= 0, got {self.stall_runtime_at_tick}")
         if self.stall_runtime_ms is not None and self.stall_runtime_at_tick is None:
