@@ -11,6 +11,7 @@ Both show in report.json: "policy_defaults" (what was taken) and "limits" (value
 """
 from __future__ import annotations
 
+import os
 import shlex
 from pathlib import Path
 
@@ -96,8 +97,8 @@ def check_run_fits(log: ArmLog, policy: dict, cfg: ReplayConfig, deadline_ms: fl
     manifest's "limits", the defaults), once the run is checked. Raises LogError when the log, the policy (see
     policy_shape) and the limits do not have one joint count (JointCountError: one error naming all three and
     where each comes from) or the log's rate is not the policy's; ValueError (UrdfError, LimitsError) when the
-    limits cannot be resolved, the phase is past the deadline, or a runtime kill or stall is asked for at a row
-    the log does not reach."""
+    limits cannot be resolved, the phase is past the deadline, a CPU pin names a CPU this process may not run on,
+    or a runtime kill or stall is asked for at a row the log does not reach."""
     names, names_from = ((log.joint_names, f"the log {log.name}") if log.joint_names is not None
                          else (policy["joint_names"], f"the policy {policy['manifest']}"))
     policy_where = f"{policy['manifest']} config.n_joints" if policy["manifest"] else f"spec {cfg.runtime.byo_spec}"
@@ -117,6 +118,11 @@ def check_run_fits(log: ArmLog, policy: dict, cfg: ReplayConfig, deadline_ms: fl
     if cfg.control.phase_ms >= deadline_ms:
         raise ValueError(f"ControlConfig.phase_ms={cfg.control.phase_ms} is not before the {deadline_ms} ms "
                          "deadline: every command would be late")
+    allowed = sorted(os.sched_getaffinity(0))  # a pin this host cannot give is refused, not run unpinned
+    for name, cpus in (("ControlConfig.control_cpus", cfg.control.control_cpus),
+                       ("RuntimeConfig.runtime_cpus", cfg.runtime.runtime_cpus)):
+        if cpus is not None and not set(cpus) <= set(allowed):
+            raise ValueError(f"{name} {cpus}: not among the CPUs this process may run on, {allowed}")
     for name in ("kill_runtime_at_tick", "stall_runtime_at_tick"):  # a fault asked for must happen
         if (row := getattr(cfg, name)) is not None and row >= len(log):
             raise ValueError(f"ReplayConfig.{name}={row} is past the last row of {log.name} ({len(log)} rows"

@@ -287,6 +287,7 @@ def test_replay_and_hil_share_their_robot_side_fields_and_defaults():
     (["replay", "--duration-s", "-1"], "replay: error: --duration-s must be > 0, got -1.0"),
     (["replay", "--margin-ms", "-1"], "replay: error: --margin-ms must be >= 0, got -1.0"),
     (["replay", "--spin-us", "nan"], "replay: error: --spin-us must be in [0, 10000], got nan"),
+    (["replay", "--control-cpus", "99"], "replay: error: --control-cpus [99]: not among the CPUs this process may run"),
     (["replay", "--restart-runtime-after-ms", "100"],
      "replay: error: --restart-runtime-after-ms needs --kill-runtime-at-tick and must be >= 0, got 100.0"),
     (["replay", "--phase-ms", "2000"], "replay: error: --phase-ms must be in [0, 1000), got 2000.0"),
