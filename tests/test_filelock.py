@@ -1,8 +1,9 @@
 """core/filelock.py: processes that start together take turns (an engine's kernels compile once, an engine choice
 is measured once); a lock that cannot be had in time, or made at all, is waited out and then gone without."""
+import os
+import select
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 from edgeinfer.core.filelock import held
@@ -57,20 +58,25 @@ def test_an_engine_opened_while_another_process_compiles_waits_for_its_kernels(t
     """The compile lock is held by another process (as while it compiles): a FusedEngine made meanwhile returns only
     after that process let go, its kernels then loaded from numba's cache rather than compiled beside it."""
     marker = tmp_path / "released"
-    holder = subprocess.Popen([sys.executable, "-c", RELEASE_ON_INPUT, str(COMPILE_LOCK), str(marker)],
+    env = {**os.environ, "TMPDIR": str(tmp_path)}  # a lock of this test's own: the suite's engines keep theirs
+    lock = tmp_path / COMPILE_LOCK.name
+    holder = subprocess.Popen([sys.executable, "-c", RELEASE_ON_INPUT, str(lock), str(marker)],
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     assert holder.stdout.readline() == "locked\n"
     script = ("import sys; from pathlib import Path\n"
               "from edgeinfer.engines.backends.fused_engine import FusedEngine\n"
               "from edgeinfer.engines.models.policy import load_policy\n"
               "policy = load_policy()\n"
+              "from edgeinfer.engines.backends.fused_engine import COMPILE_LOCK\n"
+              f"assert COMPILE_LOCK == Path({str(lock)!r}), COMPILE_LOCK\n"
               "print('making', flush=True)\n"
               "FusedEngine.from_policy(policy)\n"
               f"print(Path({str(marker)!r}).exists(), flush=True)\n")
     engine = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True)
+                              text=True, env=env)
     assert engine.stdout.readline() == "making\n"
-    time.sleep(1.0)  # unlocked, its kernels would load from the cache meanwhile (a cold compile: the marker is late)
+    # held: nothing comes for 5 s (unlocked, the kernels would load from the cache well within them)
+    assert select.select([engine.stdout], [], [], 5.0)[0] == [] and engine.poll() is None
     holder.communicate("release\n", timeout=60)  # the marker is written, then the lock goes
     assert engine.stdout.readline() == "True\n" and engine.wait(timeout=300) == 0
     # and it said why it waited, naming the holder
