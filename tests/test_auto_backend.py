@@ -240,3 +240,30 @@ def test_a_damaged_cache_file_is_measured_over(policy, tmp_path, monkeypatch, da
     assert again["cached"] is None and again["chosen"] in names
     auto.choice_from_counters(auto.choice_counters(again))  # the report can read it
     assert json.loads(path.read_text())["chosen"] == again["chosen"]  # and the file is whole again
+
+
+def test_a_cold_measurement_compiles_packed_aside_and_opens_it_last_once_that_process_is_gone(policy, monkeypatch,
+                                                                                              tmp_path):
+    """_measure: packed's kernels (the slowest compile) compile in a process of their own while the other candidates
+    open; packed opens last, after that process exited. With numba's cache warm there is no such process."""
+    from edgeinfer.engines.backends import auto
+
+    started, opened = [], []
+    real_aside = auto._compile_packed_aside
+
+    def aside(threads):
+        proc = real_aside(threads)
+        started.append(proc)
+        return proc
+
+    def open_engine(policy, backend, precision, device, threads):
+        opened.append((backend, None if not started or started[0] is None else started[0].poll()))
+        return CostlyEngine(policy, FakeClock(), COST_US["torch"] * 1000)
+
+    monkeypatch.setattr(auto, "_packed_cached", lambda: False)  # as on a cold machine
+    monkeypatch.setattr(auto, "_compile_packed_aside", aside)
+    auto._measure(policy, open_engine, "cpu", 1, None, 0, None, {"n_probes": 3})
+    assert [b for b, _ in opened] == ["torch", "fused", "onnxruntime", "packed"]
+    assert opened[-1][1] == 0  # the aside process had compiled (or loaded) packed and exited before packed opened
+    monkeypatch.setattr(auto, "_packed_cached", lambda: True)
+    assert real_aside(1) is None  # cached: nothing to compile aside

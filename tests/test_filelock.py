@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from edgeinfer.core.filelock import held
-from edgeinfer.engines.backends.fused_engine import COMPILE_LOCK
+from edgeinfer.engines.backends.fused_engine import compile_lock
 
 HOLDER = """
 import fcntl, os, sys, time
@@ -59,7 +59,7 @@ def test_an_engine_opened_while_another_process_compiles_waits_for_its_kernels(t
     after that process let go, its kernels then loaded from numba's cache rather than compiled beside it."""
     marker = tmp_path / "released"
     env = {**os.environ, "TMPDIR": str(tmp_path)}  # a lock of this test's own: the suite's engines keep theirs
-    lock = tmp_path / COMPILE_LOCK.name
+    lock = tmp_path / compile_lock("fused").name
     holder = subprocess.Popen([sys.executable, "-c", RELEASE_ON_INPUT, str(lock), str(marker)],
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     assert holder.stdout.readline() == "locked\n"
@@ -67,8 +67,8 @@ def test_an_engine_opened_while_another_process_compiles_waits_for_its_kernels(t
               "from edgeinfer.engines.backends.fused_engine import FusedEngine\n"
               "from edgeinfer.engines.models.policy import load_policy\n"
               "policy = load_policy()\n"
-              "from edgeinfer.engines.backends.fused_engine import COMPILE_LOCK\n"
-              f"assert COMPILE_LOCK == Path({str(lock)!r}), COMPILE_LOCK\n"
+              "from edgeinfer.engines.backends.fused_engine import compile_lock\n"
+              f"assert compile_lock('fused') == Path({str(lock)!r}), compile_lock('fused')\n"
               "print('making', flush=True)\n"
               "FusedEngine.from_policy(policy)\n"
               f"print(Path({str(marker)!r}).exists(), flush=True)\n")
@@ -80,7 +80,7 @@ def test_an_engine_opened_while_another_process_compiles_waits_for_its_kernels(t
     holder.communicate("release\n", timeout=60)  # the marker is written, then the lock goes
     assert engine.stdout.readline() == "True\n" and engine.wait(timeout=300) == 0
     # and it said why it waited, naming the holder
-    assert f"engine: waiting for process {holder.pid} to finish compiling numba kernels" in engine.stderr.read()
+    assert f"engine: waiting for process {holder.pid} to finish compiling the fused kernels" in engine.stderr.read()
 
 
 def test_a_waiter_is_told_the_holders_pid_once(tmp_path):

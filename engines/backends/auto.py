@@ -31,6 +31,7 @@ import hashlib
 import importlib.metadata
 import json
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -149,7 +150,8 @@ def choose_engine(policy, open_engine: Callable, device: str = "cpu", threads: i
     states, probes_from = probe_observations(policy, n_probes + DISCARD_CHUNKS)
     xs = np.stack([policy.features(*s) for s in states]).astype(np.float32)
     opened, open_s, excluded = {}, {}, {}
-    for name in ["torch", *[n for n in names if n != "torch"]]:  # torch first: the reference
+    # torch first (the reference); packed, the slowest to compile, last: _measure may compile it aside meanwhile
+    for name in ["torch", *[n for n in names if n not in ("torch", "packed")], *[n for n in names if n == "packed"]]:
         if (reason := available(name, device)) is not None:
             excluded[name] = f"unavailable: {reason}"
             continue
@@ -279,8 +281,22 @@ def open_auto(policy, device: str = "cpu", threads: int = 1, drafter="kinematic"
 
 
 def _measure(policy, open_engine, device, threads, drafter, k, path: Path | None, options: dict):
-    """choose_engine, its choice kept in `path` (None: not kept)."""
-    engine, choice = choose_engine(policy, open_engine, device, threads, drafter, k, **options)
+    """choose_engine, its choice kept in `path` (None: not kept). The packed kernels compile aside meanwhile
+    (_compile_packed_aside)."""
+    names = options.get("names") or candidates(device)
+    aside = _compile_packed_aside(threads) if "packed" in names and unavailable_reason("packed", device) is None \
+        else None
+
+    def open_after_aside(policy, name, *args):  # packed opens last: once the process compiling it is gone
+        if name == "packed" and aside is not None:
+            aside.wait()
+        return open_engine(policy, name, *args)
+
+    try:
+        engine, choice = choose_engine(policy, open_after_aside, device, threads, drafter, k, **options)
+    finally:
+        if aside is not None:
+            aside.wait()
     if path is not None:
         tmp = path.with_suffix(f".{os.getpid()}.tmp")
         try:  # written whole, then renamed: a reader never sees half a file
@@ -303,6 +319,44 @@ def measuring_alone(path: Path | None, timeout_s: float = MEASURE_LOCK_TIMEOUT_S
     return held(lock, timeout_s, lambda holder: print(
         f"engine choice: waiting for process {holder or '?'} to finish measuring this machine's engines (up to "
         f"{timeout_s:g} s; lock {lock}); its choice is then opened if it fits", file=sys.stderr, flush=True))
+
+
+# the packed engine of the shipped policy (kernels specialise on types, not shapes: any policy's compile serves all)
+_PACKED_ASIDE = ("import os, sys\n"
+                 "try:\n"  # any CPU this machine lets it have: a runtime pinned to one would compile on that one
+                 "    os.sched_setaffinity(0, range(os.cpu_count()))\n"
+                 "except OSError:\n"
+                 "    pass\n"
+                 "from edgeinfer.engines.backends.packed_engine import PackedEngine\n"
+                 "from edgeinfer.engines.models.policy import load_policy\n"
+                 "PackedEngine.from_policy(load_policy(), threads=int(sys.argv[1])).close()\n"
+                 "os._exit(0)\n")
+
+
+def _compile_packed_aside(threads: int) -> subprocess.Popen | None:
+    """A process that compiles the packed kernels (or loads them from numba's cache) holding their compile lock
+    (fused_engine.kernels_ready), started before choose_engine opens its candidates, packed last: on a cold machine
+    the slowest compile (~23 s on the 2-core EPYC VM) runs beside this process's fused kernels and ONNX export, and
+    packed's open then loads what it wrote. Its output goes to this process's stderr. None when numba's cache already
+    holds them (nothing to compile: no process to wait for) or it cannot start."""
+    if _packed_cached():
+        return None
+    try:
+        return subprocess.Popen([sys.executable, "-c", _PACKED_ASIDE, str(min(max(threads, 1), 2))],
+                                stdin=subprocess.DEVNULL, stdout=sys.stderr.fileno())
+    except (OSError, ValueError):  # no fileno (a captured stderr), no interpreter: packed compiles here
+        return None
+
+
+def _packed_cached() -> bool:
+    """Whether numba's on-disk cache holds the packed engine's chunk kernel for its current source (numba's cache
+    index, read as numba reads it; False when that cannot be told)."""
+    try:
+        from edgeinfer.engines.backends import packed_engine
+
+        return bool(packed_engine._greedy._cache._cache_file._load_index())
+    except Exception:  # noqa: BLE001  (numba internals: unknown means compile aside, as on a cold machine)
+        return False
 
 
 def choice_cache_file(policy, device: str, threads: int, drafter, k: int, names: list[str]) -> Path | None:

@@ -21,7 +21,7 @@ Compile cost: the kernels compile on first use (cold: ~25 s on a loaded 2-core V
 on disk (warm: ~1 s to load), in the first writable folder of $NUMBA_CACHE_DIR, engines/__pycache__,
 ~/.cache/numba. A read-only install with a read-only home has none: the kernels then compile in every
 process, with a warning (checked in a read-only mount namespace). An engine compiles (or loads) its kernels when it
-is made, holding a machine-wide lock (kernels_ready): processes that start together compile once.
+is made, holding a machine-wide lock per engine kind (kernels_ready): processes that start together compile once.
 """
 from __future__ import annotations
 
@@ -258,21 +258,28 @@ def _greedy(w, off, dims, eps, kv, x, h, qkv, att, mlp, out, scores, obs, tokens
 
 # --- the engine ---------------------------------------------------------------------------------------
 
-# Processes that start at once on a cold machine (a fleet's runtimes, a launch file, test workers) compile the
-# kernels one at a time: the first compiles and writes numba's cache, the others load it (~25 s each otherwise, side
-# by side on the same CPUs). Per user and machine: a lock, not a cache, so any clone or install may share it.
-COMPILE_LOCK = Path(tempfile.gettempdir()) / f"edgeinfer-numba-compile-{os.getuid()}.lock"
+# Processes that start at once on a cold machine (a fleet's runtimes, a launch file, test workers) compile an engine's
+# kernels one at a time: the first compiles and writes numba's cache, the others load it (~10-25 s each otherwise,
+# side by side on the same CPUs). One lock per engine kind (different kernels compile side by side), per user and
+# machine: a lock, not a cache, so any clone or install may share it.
 COMPILE_WAIT_S = 300.0  # the longest an engine waits for another process's compile before compiling itself
 
 
-def kernels_ready(first_calls: Callable[[], None]) -> None:
-    """Run `first_calls` (an engine's first call of each kernel entry: compiled, or loaded from numba's on-disk cache)
-    holding the machine's compile lock (COMPILE_LOCK, core.filelock), so that an engine's first pass is a pass."""
-    def waiting(holder: str) -> None:
-        print(f"engine: waiting for process {holder or '?'} to finish compiling numba kernels (up to "
-              f"{COMPILE_WAIT_S:g} s; lock {COMPILE_LOCK}); they then load from its cache", file=sys.stderr, flush=True)
+def compile_lock(kind: str) -> Path:
+    """The lock file of engine kind `kind`'s kernels ("fused", "packed", "fused_batched"), in the temp folder."""
+    return Path(tempfile.gettempdir()) / f"edgeinfer-numba-{kind}-{os.getuid()}.lock"
 
-    with held(COMPILE_LOCK, COMPILE_WAIT_S, waiting):
+
+def kernels_ready(kind: str, first_calls: Callable[[], None]) -> None:
+    """Run `first_calls` (an engine's first call of each kernel entry: compiled, or loaded from numba's on-disk cache)
+    holding its kind's compile lock (compile_lock, core.filelock), so that an engine's first pass is a pass."""
+    lock = compile_lock(kind)
+
+    def waiting(holder: str) -> None:
+        print(f"engine: waiting for process {holder or '?'} to finish compiling the {kind} kernels (up to "
+              f"{COMPILE_WAIT_S:g} s; lock {lock}); they then load from its cache", file=sys.stderr, flush=True)
+
+    with held(lock, COMPILE_WAIT_S, waiting):
         first_calls()
 
 
@@ -362,7 +369,7 @@ class FusedEngine(OneCallEngine):
         self._run_tokens = np.zeros(c.n_tokens, np.int64)  # greedy_run's committed and new tokens
         self._logits1 = np.empty((1, c.n_bins), np.float32)  # the logits of one greedy pass
         self.plan = None  # no plan file: the weights are copied at start-up
-        kernels_ready(self._first_calls)
+        kernels_ready(self.backend, self._first_calls)
 
     @classmethod
     def from_policy(cls, policy, precision: str = "fp32", device: str = "cpu", threads: int = 1) -> "FusedEngine":
