@@ -262,7 +262,7 @@ def test_a_cold_measurement_compiles_packed_aside_and_opens_it_last_once_that_pr
 
     monkeypatch.setattr(auto, "_packed_cached", lambda: False)  # as on a cold machine
     monkeypatch.setattr(auto, "_compile_packed_aside", aside)
-    auto._measure(policy, open_engine, "cpu", 1, None, 0, None, {"n_probes": 3})
+    auto._measure(policy, open_engine, "cpu", 1, None, 0, None, auto.candidates("cpu"), {"n_probes": 3})
     assert [b for b, _ in opened] == ["torch", "fused", "onnxruntime", "packed"]
     assert opened[-1][1] == 0  # the aside process had compiled (or loaded) packed and exited before packed opened
     monkeypatch.setattr(auto, "_packed_cached", lambda: True)

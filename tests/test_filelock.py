@@ -9,17 +9,6 @@ from pathlib import Path
 from edgeinfer.core.filelock import held
 from edgeinfer.engines.backends.fused_engine import compile_lock
 
-HOLDER = """
-import fcntl, os, sys, time
-fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT)
-fcntl.flock(fd, fcntl.LOCK_EX)
-print("locked", flush=True)
-time.sleep(float(sys.argv[2]))
-open(sys.argv[3], "w").close()  # written while the lock is still held
-os._exit(9)  # no unlock, no close: the kernel releases it with the process
-"""
-
-
 RELEASE_ON_INPUT = """
 import sys
 from pathlib import Path
@@ -31,19 +20,20 @@ with held(Path(sys.argv[1]), 60) as got:
 """
 
 
-def _hold(lock: Path, seconds: float, marker: Path) -> subprocess.Popen:
-    proc = subprocess.Popen([sys.executable, "-c", HOLDER, str(lock), str(seconds), str(marker)],
-                            stdout=subprocess.PIPE, text=True)
+def _hold(lock: Path, marker: Path) -> subprocess.Popen:
+    """A process holding `lock` (core.filelock.held) until a line on its stdin, which writes `marker` first."""
+    proc = subprocess.Popen([sys.executable, "-c", RELEASE_ON_INPUT, str(lock), str(marker)],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     assert proc.stdout.readline() == "locked\n"
     return proc
 
 
 def test_a_waiter_gets_the_lock_once_its_holder_dies_and_gives_up_after_its_timeout(tmp_path):
     lock, marker = tmp_path / "locks" / "x.lock", tmp_path / "released"
-    holder = _hold(tmp_path / "x.lock", 30.0, marker)
+    holder = _hold(tmp_path / "x.lock", marker)
     with held(tmp_path / "x.lock", timeout_s=0.2) as got:
         assert got is False and not marker.exists()  # waited 0.2 s, then ran without it
-    holder.kill()
+    holder.kill()  # no unlock, no close: the kernel releases it with the process
     holder.wait(timeout=30)
     with held(tmp_path / "x.lock", timeout_s=30) as got:
         assert got is True  # a SIGKILLed holder's lock is free
@@ -60,14 +50,11 @@ def test_an_engine_opened_while_another_process_compiles_waits_for_its_kernels(t
     marker = tmp_path / "released"
     env = {**os.environ, "TMPDIR": str(tmp_path)}  # a lock of this test's own: the suite's engines keep theirs
     lock = tmp_path / compile_lock("fused").name
-    holder = subprocess.Popen([sys.executable, "-c", RELEASE_ON_INPUT, str(lock), str(marker)],
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    assert holder.stdout.readline() == "locked\n"
+    holder = _hold(lock, marker)
     script = ("import sys; from pathlib import Path\n"
-              "from edgeinfer.engines.backends.fused_engine import FusedEngine\n"
+              "from edgeinfer.engines.backends.fused_engine import FusedEngine, compile_lock\n"
               "from edgeinfer.engines.models.policy import load_policy\n"
               "policy = load_policy()\n"
-              "from edgeinfer.engines.backends.fused_engine import compile_lock\n"
               f"assert compile_lock('fused') == Path({str(lock)!r}), compile_lock('fused')\n"
               "print('making', flush=True)\n"
               "FusedEngine.from_policy(policy)\n"
@@ -85,13 +72,11 @@ def test_an_engine_opened_while_another_process_compiles_waits_for_its_kernels(t
 
 def test_a_waiter_is_told_the_holders_pid_once(tmp_path):
     lock = tmp_path / "x.lock"
-    holder = subprocess.Popen([sys.executable, "-c", RELEASE_ON_INPUT, str(lock), str(tmp_path / "m")],
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    assert holder.stdout.readline() == "locked\n"
+    holder = _hold(lock, tmp_path / "m")
     told = []
     with held(lock, timeout_s=0.3, waiting=told.append) as got:
         assert got is False
     holder.communicate("release\n", timeout=60)
     assert told == [str(holder.pid)]
     with held(lock, timeout_s=5, waiting=told.append) as got:  # free: nobody to wait for, nothing said
-        assert got is True and told == [str(holder.pid)] and lock.read_text() == str(__import__("os").getpid())
+        assert got is True and told == [str(holder.pid)] and lock.read_text() == str(os.getpid())

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import sys
 import time
 from pathlib import Path
 from typing import Callable, Iterator
@@ -49,3 +50,12 @@ def held(path: Path, timeout_s: float, waiting: Callable[[str], None] | None = N
         yield locked
     finally:
         os.close(fd)  # releases the lock
+
+
+def say_waiting(who: str, what: str, then: str, path: Path, timeout_s: float) -> Callable[[str], None]:
+    """A `waiting` for held(): one stderr line, "<who>: waiting for process <pid> to finish <what> (up to <timeout_s>
+    s; lock <path>); <then>"."""
+    def waiting(holder: str) -> None:
+        print(f"{who}: waiting for process {holder or '?'} to finish {what} (up to {timeout_s:g} s; lock {path}); "
+              f"{then}", file=sys.stderr, flush=True)
+    return waiting

@@ -190,7 +190,7 @@ def _take_niceness(nice: int | None) -> None:
         return
     try:
         os.setpriority(os.PRIO_PROCESS, 0, nice)
-    except (PermissionError, OSError):
+    except OSError:  # PermissionError without CAP_SYS_NICE
         pass
 
 

@@ -40,7 +40,7 @@ from typing import Callable
 import numpy as np
 
 from edgeinfer.core.acceptance import Greedy
-from edgeinfer.core.filelock import held
+from edgeinfer.core.filelock import held, say_waiting
 from edgeinfer.core.speculative import FixedK, speculative_decode
 from edgeinfer.engines.backends.engine import unavailable_reason
 
@@ -277,13 +277,12 @@ def open_auto(policy, device: str = "cpu", threads: int = 1, drafter="kinematic"
     with measuring_alone(path):  # a runtime that started beside this one may have measured meanwhile
         if (found := cached_engine()) is not None:
             return found
-        return _measure(policy, open_engine, device, threads, drafter, k, path, options)
+        return _measure(policy, open_engine, device, threads, drafter, k, path, names, options)
 
 
-def _measure(policy, open_engine, device, threads, drafter, k, path: Path | None, options: dict):
-    """choose_engine, its choice kept in `path` (None: not kept). The packed kernels compile aside meanwhile
-    (_compile_packed_aside)."""
-    names = options.get("names") or candidates(device)
+def _measure(policy, open_engine, device, threads, drafter, k, path: Path | None, names: list[str], options: dict):
+    """choose_engine over `names`, its choice kept in `path` (None: not kept). The packed kernels compile aside
+    meanwhile (_compile_packed_aside)."""
     aside = _compile_packed_aside(threads) if "packed" in names and unavailable_reason("packed", device) is None \
         else None
 
@@ -293,7 +292,8 @@ def _measure(policy, open_engine, device, threads, drafter, k, path: Path | None
         return open_engine(policy, name, *args)
 
     try:
-        engine, choice = choose_engine(policy, open_after_aside, device, threads, drafter, k, **options)
+        engine, choice = choose_engine(policy, open_after_aside, device, threads, drafter, k,
+                                       **{**options, "names": names})
     finally:
         if aside is not None:
             aside.wait()
@@ -316,9 +316,8 @@ def measuring_alone(path: Path | None, timeout_s: float = MEASURE_LOCK_TIMEOUT_S
     if path is None:
         return contextlib.nullcontext()
     lock = path.parent / ".measuring.lock"
-    return held(lock, timeout_s, lambda holder: print(
-        f"engine choice: waiting for process {holder or '?'} to finish measuring this machine's engines (up to "
-        f"{timeout_s:g} s; lock {lock}); its choice is then opened if it fits", file=sys.stderr, flush=True))
+    return held(lock, timeout_s, say_waiting("engine choice", "measuring this machine's engines",
+                                             "its choice is then opened if it fits", lock, timeout_s))
 
 
 # the packed engine of the shipped policy (kernels specialise on types, not shapes: any policy's compile serves all)

@@ -35,7 +35,7 @@ from typing import Callable, Sequence
 import numpy as np
 from numba import njit
 
-from edgeinfer.core.filelock import held
+from edgeinfer.core.filelock import held, say_waiting
 from edgeinfer.engines.models.model import ActionTransformer
 
 # tensors of the flat weight array, in order; per-layer ones repeat for each block (_pack)
@@ -274,11 +274,8 @@ def kernels_ready(kind: str, first_calls: Callable[[], None]) -> None:
     """Run `first_calls` (an engine's first call of each kernel entry: compiled, or loaded from numba's on-disk cache)
     holding its kind's compile lock (compile_lock, core.filelock), so that an engine's first pass is a pass."""
     lock = compile_lock(kind)
-
-    def waiting(holder: str) -> None:
-        print(f"engine: waiting for process {holder or '?'} to finish compiling the {kind} kernels (up to "
-              f"{COMPILE_WAIT_S:g} s; lock {lock}); they then load from its cache", file=sys.stderr, flush=True)
-
+    waiting = say_waiting("engine", f"compiling the {kind} kernels", "they then load from its cache", lock,
+                          COMPILE_WAIT_S)
     with held(lock, COMPILE_WAIT_S, waiting):
         first_calls()
 
