@@ -1,7 +1,7 @@
 import os
-import resource
 from pathlib import Path
 
+import cpu_share
 import pytest
 import zmq
 from hypothesis import HealthCheck, settings
@@ -74,47 +74,16 @@ def ep():
 
 
 # --------------------------------------------------------------------------- sharing the CPUs among the workers
-# The end-to-end tests replay logs in real time: their replayer and control loop run at SCHED_FIFO, their runtime at
-# nice 0, and their bounds allow a 100 ms stall, not a host whose CPUs other tests keep busy. So `-n auto` starts one
-# worker per CPU, and the CPU-bound tests with no real-time bound (marked background: engines, training, property
-# tests of pure code) run at nice 19 (BACKGROUND_NICE), with every process they start: they yield the CPUs as soon
-# as a replay's process wakes up. Every other test runs at the niceness it was given. One worker more than there are
-# CPUs ran the suite ~70 s faster, but the replays then missed their bounds (26 misses against 25, pre-roll rows
-# dropped as stale). Where a raised niceness cannot be lowered again (not root, no RLIMIT_NICE), nothing is reniced.
-BACKGROUND_NICE = 19
-
-
-def _may_renice() -> bool:
-    """Whether this process may lower a niceness back to 0 (root, or an RLIMIT_NICE soft limit of 20 or more)."""
-    return os.geteuid() == 0 or resource.getrlimit(resource.RLIMIT_NICE)[0] >= 20
+# tests/cpu_share.py: one worker more than there are CPUs; background tests at nice 19, every other test holding one
+# of the run's CPU slots, so that no more real-time replays run at once than there are CPUs.
 
 
 def pytest_xdist_auto_num_workers(config):
-    return len(os.sched_getaffinity(0))  # the CPUs this process may use, not psutil's physical cores
+    return cpu_share.workers()
 
 
-def _renice_threads(nice: int) -> None:
-    """Every thread of this process at `nice` (Linux keeps one per thread; a thread started later inherits its
-    starter's)."""
-    for tid in os.listdir("/proc/self/task"):
-        try:
-            os.setpriority(os.PRIO_PROCESS, int(tid), nice)
-        except (ProcessLookupError, PermissionError):  # a thread that has just exited
-            pass
-
-
-@pytest.fixture(autouse=True)
-def cpu_share(request):
-    """A test marked background (and not slow) runs at BACKGROUND_NICE when it shares the CPUs with other workers
-    (see above); the niceness it had is restored after it."""
-    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
-    marked = request.node.get_closest_marker("background") and not request.node.get_closest_marker("slow")
-    if not marked or workers < 2 or not _may_renice():
-        yield
-        return
-    own = os.getpriority(os.PRIO_PROCESS, 0)
-    _renice_threads(BACKGROUND_NICE)
-    try:
-        yield
-    finally:
-        _renice_threads(own)
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """Each test's setup, call and teardown (its module's fixtures too) inside cpu_share.share's context."""
+    with cpu_share.share(item, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))):
+        return (yield)
