@@ -75,15 +75,36 @@ def ep():
 
 # --------------------------------------------------------------------------- sharing the CPUs among the workers
 # tests/cpu_share.py: one worker more than there are CPUs; background tests at nice 19, every other test holding one
-# of the run's CPU slots, so that no more real-time replays run at once than there are CPUs.
+# of the run's CPU slots, so that no more real-time replays run at once than there are CPUs; the background tests
+# first in the last worker's share; the engines every replay opens built once, before the first replay.
+_WARM_UP = pytest.StashKey()
+
+
+def _workers() -> int:
+    return int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
 
 
 def pytest_xdist_auto_num_workers(config):
     return cpu_share.workers()
 
 
+def pytest_configure(config):
+    if not hasattr(config, "workerinput") and cpu_share.slots_used(getattr(config.option, "numprocesses", 0) or 0):
+        config.stash[_WARM_UP] = cpu_share.start_warm_up()  # the controller, before its workers start
+
+
+def pytest_unconfigure(config):
+    if _WARM_UP in config.stash and (failed := cpu_share.finish_warm_up(config.stash[_WARM_UP])):
+        print(f"\ntests/cpu_share.py: {failed}")
+
+
+def pytest_collection_modifyitems(config, items):
+    if cpu_share.slots_used(_workers()):
+        items[:] = cpu_share.order(items, _workers())
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_protocol(item, nextitem):
     """Each test's setup, call and teardown (its module's fixtures too) inside cpu_share.share's context."""
-    with cpu_share.share(item, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))):
+    with cpu_share.share(item, _workers()):
         return (yield)

@@ -10,6 +10,15 @@ therefore starts one worker more than there are CPUs (`workers`), so that a back
 Where a raised niceness cannot be lowered again (not root, no RLIMIT_NICE), it is one worker per CPU, no slot and
 no renicing. Measured on the 2-core EPYC VM, a fresh clone: one worker per CPU 408 s, one more without slots ran
 ~60 s faster but its replays missed their bounds (26 misses against 25, pre-roll rows dropped as stale).
+
+Two more things keep the slots busy with work rather than waiting:
+- `order`: the last worker's initial share (pytest-xdist's worksteal splits the collection into equal runs, one per
+  worker) starts with every background test, so one worker has CPU-bound work while the others' replays hold the
+  slots, instead of each worker waiting for a slot in turn.
+- `start_warm_up`: the run's controller builds, once, what every replay's runtime opens first on a cold machine
+  (numba's fused and packed kernels, the ONNX plan, the engine choice: engines/backends/auto.py) while the workers
+  collect. The tests that hold a slot wait for it (`wait_for_warm_up`); the background tests do not. Without it, the
+  first replay measured the engines for ~30 s and the next one waited on the measurement's lock holding a slot.
 """
 from __future__ import annotations
 
@@ -17,12 +26,18 @@ import contextlib
 import fcntl
 import os
 import resource
+import shutil
+import signal
+import subprocess
+import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
 BACKGROUND_NICE = 19
 SLOT_POLL_S = 0.02
+SHARE_DIR_ENV = "EDGEINFER_TEST_SHARE_DIR"  # the run's folder (slots, warm-up lock and log), set by its controller
 
 
 def cpus() -> int:
@@ -39,6 +54,11 @@ def workers() -> int:
     """`-n auto`'s worker count: one per CPU, and one more where background tests can be reniced."""
     n = cpus()
     return n + 1 if n >= 2 and may_renice() else n
+
+
+def slots_used(worker_count: int) -> bool:
+    """Whether `worker_count` workers share the CPUs by slots (more workers than CPUs, background tests reniced)."""
+    return worker_count > cpus() and worker_count >= 2 and may_renice()
 
 
 def is_background(item) -> bool:
@@ -70,9 +90,11 @@ def at_background_nice():
 _slot_fds: dict[Path, list[int]] = {}
 
 
-def slot_folder() -> Path:
-    """This run's slot files: one folder per xdist run (PYTEST_XDIST_TESTRUNUID), shared by its workers."""
-    return Path(tempfile.gettempdir()) / f"edgeinfer-pytest-slots-{os.environ.get('PYTEST_XDIST_TESTRUNUID', 'solo')}"
+def share_dir() -> Path:
+    """The run's folder, shared by its workers: made by the controller (start_warm_up), else one per xdist run."""
+    if SHARE_DIR_ENV in os.environ:
+        return Path(os.environ[SHARE_DIR_ENV])
+    return Path(tempfile.gettempdir()) / f"edgeinfer-pytest-{os.environ.get('PYTEST_XDIST_TESTRUNUID', 'solo')}"
 
 
 @contextlib.contextmanager
@@ -105,6 +127,85 @@ def share(item, worker_count: int):
         return contextlib.nullcontext()
     if is_background(item):
         return at_background_nice()
-    if worker_count > cpus():
-        return cpu_slot(slot_folder(), cpus())
+    if slots_used(worker_count):
+        wait_for_warm_up()
+        return cpu_slot(share_dir(), cpus())
     return contextlib.nullcontext()
+
+
+def order(items: list, worker_count: int) -> list:
+    """`items` with every background test at the start of the last worker's share of worksteal's initial split
+    (worker i of w gets remaining // (w - i) of the tests, in collection order); the others in their order."""
+    background = [item for item in items if is_background(item)]
+    others = [item for item in items if not is_background(item)]
+    remaining = len(items)
+    for i in range(worker_count - 1):
+        remaining -= remaining // (worker_count - i)
+    last_start = max(len(items) - remaining, 0)
+    return others[:last_start] + background + others[last_start:]
+
+
+# ------------------------------------------------------------------------------------------------------ warm-up
+_WARM_UP = """
+from edgeinfer.engines.backends import auto
+from edgeinfer.engines.models.served import open_engine
+from edgeinfer.engines.models.policy import load_policy
+from edgeinfer.node.runtime import PolicyRuntime, RuntimeConfig
+
+aside = auto._compile_packed_aside(1)  # the slowest compile, on another CPU
+policy = load_policy()
+for name in ("fused", "onnxruntime"):
+    open_engine(policy, name, "fp32", "cpu", 1)
+if aside is not None:
+    aside.wait()
+runtime = PolicyRuntime(RuntimeConfig())  # backend auto: measures once, on a machine only background tests share
+print("warm-up: engine choice", runtime.engine_choice["chosen"], "cached" if runtime.engine_choice["cached"] else "")
+"""
+_warm_up_done = False
+
+
+def start_warm_up() -> subprocess.Popen:
+    """In the run's controller, before its workers start: make the share folder (SHARE_DIR_ENV, inherited by the
+    workers), hold its warm-up lock and start the warm-up; the lock is released when the warm-up exits, however it
+    exits. Its output goes to <share dir>/warm-up.log."""
+    folder = Path(tempfile.mkdtemp(prefix="edgeinfer-pytest-"))
+    os.environ[SHARE_DIR_ENV] = str(folder)
+    lock = os.open(folder / "warm-up.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    with open(folder / "warm-up.log", "w") as log:
+        proc = subprocess.Popen([sys.executable, "-c", _WARM_UP], stdin=subprocess.DEVNULL, stdout=log,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+
+    def release():
+        proc.wait()
+        fcntl.flock(lock, fcntl.LOCK_UN)
+
+    threading.Thread(target=release, name="warm-up-wait", daemon=True).start()
+    return proc
+
+
+def finish_warm_up(proc: subprocess.Popen) -> str | None:
+    """After the run: stop the warm-up if it still runs, remove the share folder; the warm-up's log when it
+    failed (a test then built what it needed itself), else None."""
+    folder = share_dir()
+    if proc.poll() is None:  # with the packed compile it started
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    code = proc.wait()
+    log = (folder / "warm-up.log").read_text(errors="replace") if code else None
+    shutil.rmtree(folder, ignore_errors=True)
+    return None if code in (0, -signal.SIGKILL) else f"warm-up exited {code}:\n{log[-3000:]}"
+
+
+def wait_for_warm_up() -> None:
+    """Block until the controller's warm-up has exited (at once without one, and after the first call)."""
+    global _warm_up_done
+    lock = share_dir() / "warm-up.lock"
+    if _warm_up_done or not lock.exists():
+        return
+    fd = os.open(lock, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH)
+    finally:
+        os.close(fd)
+    _warm_up_done = True

@@ -39,15 +39,15 @@ def test_a_background_test_and_the_threads_it_starts_run_at_nice_19_holding_no_s
         assert _nices() == {BACKGROUND_NICE} and seen == [BACKGROUND_NICE]
     else:  # serial: nothing is reniced
         assert BACKGROUND_NICE not in _nices() | set(seen)
-    slots = {os.stat(p).st_ino for p in cpu_share.slot_folder().glob("slot-*")}
+    slots = {os.stat(p).st_ino for p in cpu_share.share_dir().glob("slot-*")}
     assert not slots & _flocks_held_by(os.getpid())
 
 
 def test_a_test_not_marked_background_keeps_its_workers_niceness_and_holds_a_slot_beside_more_workers():
     assert BACKGROUND_NICE not in _nices()
-    slots = {os.stat(p).st_ino for p in cpu_share.slot_folder().glob("slot-*")}
+    slots = {os.stat(p).st_ino for p in cpu_share.share_dir().glob("slot-*")}
     held = slots & _flocks_held_by(os.getpid())
-    assert len(held) == (1 if SHARED and WORKERS > cpu_share.cpus() else 0)
+    assert len(held) == (1 if cpu_share.slots_used(WORKERS) else 0)
 
 
 _HOLDER = "import fcntl, os, sys, time\nfd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT)\n" \
@@ -77,3 +77,51 @@ def test_no_more_tests_than_slots_hold_one_and_a_waiter_gets_the_first_freed(tmp
         for p in holders:
             p.kill()
             p.wait()
+
+
+class _Item:
+    def __init__(self, name: str, background: bool):
+        self.name, self.background = name, background
+
+    def get_closest_marker(self, name):
+        return object() if name == "background" and self.background else None
+
+
+def _worksteal_split(n: int, workers: int) -> list[int]:
+    """Where pytest-xdist's worksteal starts each worker's initial share of n tests (xdist/scheduler/worksteal.py)."""
+    starts, taken = [], 0
+    for i in range(workers):
+        starts.append(taken)
+        taken += (n - taken) // (workers - i)
+    return starts
+
+
+@pytest.mark.parametrize("n_plain,n_background,workers", [(20, 5, 3), (7, 9, 3), (100, 1, 4), (3, 0, 3)])
+def test_the_background_tests_start_the_last_workers_share_and_the_others_keep_their_order(n_plain, n_background,
+                                                                                            workers):
+    items = [_Item(f"p{i}", False) for i in range(n_plain)] + [_Item(f"b{i}", True) for i in range(n_background)]
+    items = items[::2] + items[1::2]  # interleaved
+    ordered = cpu_share.order(items, workers)
+    assert sorted(i.name for i in ordered) == sorted(i.name for i in items)
+    start = _worksteal_split(len(items), workers)[-1]
+    background = [k for k, item in enumerate(ordered) if item.background]
+    assert background == list(range(min(start, n_plain), min(start, n_plain) + n_background))
+    assert [i.name for i in ordered if not i.background] == [i.name for i in items if not i.background]
+
+
+def test_a_slot_test_waits_for_the_warm_up_while_it_runs(tmp_path, monkeypatch):
+    monkeypatch.setenv(cpu_share.SHARE_DIR_ENV, str(tmp_path))
+    monkeypatch.setattr(cpu_share, "_warm_up_done", False)
+    warm_up = subprocess.Popen([sys.executable, "-c", _HOLDER, str(tmp_path / "warm-up.lock")], stdout=subprocess.PIPE,
+                               text=True)
+    done = threading.Event()
+    try:
+        assert warm_up.stdout.readline() == "held\n"
+        threading.Thread(target=lambda: (cpu_share.wait_for_warm_up(), done.set()), daemon=True).start()
+        assert not done.wait(0.3)
+        warm_up.kill()  # exited, however: the tests go on (and build what they need themselves)
+        assert done.wait(10)
+    finally:
+        warm_up.kill()
+        warm_up.wait()
+    cpu_share.wait_for_warm_up()  # once done, never waits again
