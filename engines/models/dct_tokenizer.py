@@ -47,7 +47,6 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 import numpy as np
-from scipy.fft import dct
 
 from edgeinfer.engines.models.bins import bin_index, checked_range, fitted_range
 
@@ -201,6 +200,8 @@ class DctTokenizer:
 
 def dct_rad(offsets_rad: np.ndarray) -> np.ndarray:
     """Orthonormal DCT-II along the horizon: offsets (..., H, D) -> coefficients (..., H, D), same units."""
+    from scipy.fft import dct  # here, not at import: every runtime imports this module, few use a DCT policy (0.2 s)
+
     return dct(offsets_rad, type=2, norm="ortho", axis=-2)
 
 
