@@ -6,8 +6,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from edgeinfer.core.filelock import held
-from edgeinfer.engines.backends.fused_engine import compile_lock
+from edgeinfer.engines.backends import fused_engine
+from edgeinfer.engines.backends.fused_engine import FusedEngine, compile_lock, kernels_cached
 
 RELEASE_ON_INPUT = """
 import sys
@@ -44,11 +47,11 @@ def test_a_waiter_gets_the_lock_once_its_holder_dies_and_gives_up_after_its_time
         assert got is False
 
 
-def test_an_engine_opened_while_another_process_compiles_waits_for_its_kernels(tmp_path):
-    """The compile lock is held by another process (as while it compiles): a FusedEngine made meanwhile returns only
-    after that process let go, its kernels then loaded from numba's cache rather than compiled beside it."""
+def _engine_beside_a_held_lock(tmp_path: Path, env: dict) -> tuple[subprocess.Popen, subprocess.Popen, Path]:
+    """(a process holding the fused compile lock, a process making a FusedEngine meanwhile, the marker the holder
+    writes as it lets go); the lock is this test's own (TMPDIR): the suite's engines keep theirs."""
     marker = tmp_path / "released"
-    env = {**os.environ, "TMPDIR": str(tmp_path)}  # a lock of this test's own: the suite's engines keep theirs
+    env = {**os.environ, **env, "TMPDIR": str(tmp_path)}
     lock = tmp_path / compile_lock("fused").name
     holder = _hold(lock, marker)
     script = ("import sys; from pathlib import Path\n"
@@ -62,12 +65,34 @@ def test_an_engine_opened_while_another_process_compiles_waits_for_its_kernels(t
     engine = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               text=True, env=env)
     assert engine.stdout.readline() == "making\n"
-    # held: nothing comes for 5 s (unlocked, the kernels would load from the cache well within them)
+    return holder, engine, marker
+
+
+@pytest.mark.background  # it compiles the fused kernels into a cache of its own
+def test_an_engine_opened_while_another_process_compiles_waits_for_its_kernels(tmp_path):
+    """The compile lock is held by another process (as while it compiles) and numba's cache does not hold the fused
+    kernels: a FusedEngine made meanwhile returns only after that process let go."""
+    holder, engine, _ = _engine_beside_a_held_lock(tmp_path, {"NUMBA_CACHE_DIR": str(tmp_path / "numba")})
+    # held: nothing comes for 5 s (unlocked, it would have compiled and returned by then, or be compiling)
     assert select.select([engine.stdout], [], [], 5.0)[0] == [] and engine.poll() is None
     holder.communicate("release\n", timeout=60)  # the marker is written, then the lock goes
     assert engine.stdout.readline() == "True\n" and engine.wait(timeout=300) == 0
     # and it said why it waited, naming the holder
     assert f"engine: waiting for process {holder.pid} to finish compiling the fused kernels" in engine.stderr.read()
+
+
+def test_an_engine_whose_kernels_are_cached_does_not_wait_for_the_lock(policy, tmp_path):
+    """numba's cache holds the fused kernels (made so here): a FusedEngine loads them while another process holds
+    the compile lock (compiling other kernels of the kind, or slowly at a low priority), without waiting for it."""
+    FusedEngine.from_policy(policy)  # the kernels in numba's cache, where the process below looks
+    assert kernels_cached(fused_engine._pass, fused_engine._greedy)
+    holder, engine, _ = _engine_beside_a_held_lock(tmp_path, {})
+    try:
+        assert select.select([engine.stdout], [], [], 60.0)[0], "the engine waited for the lock"
+        assert engine.stdout.readline() == "False\n"  # made while the lock was still held
+        assert engine.wait(timeout=120) == 0 and "waiting" not in engine.stderr.read()
+    finally:
+        holder.communicate("release\n", timeout=60)
 
 
 def test_a_waiter_is_told_the_holders_pid_once(tmp_path):

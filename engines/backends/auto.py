@@ -348,14 +348,11 @@ def _compile_packed_aside(threads: int) -> subprocess.Popen | None:
 
 
 def _packed_cached() -> bool:
-    """Whether numba's on-disk cache holds the packed engine's chunk kernel for its current source (numba's cache
-    index, read as numba reads it; False when that cannot be told)."""
-    try:
-        from edgeinfer.engines.backends import packed_engine
+    """Whether numba's on-disk cache holds the packed engine's chunk kernel (fused_engine.kernels_cached)."""
+    from edgeinfer.engines.backends import packed_engine
+    from edgeinfer.engines.backends.fused_engine import kernels_cached
 
-        return bool(packed_engine._greedy._cache._cache_file._load_index())
-    except Exception:  # noqa: BLE001  (numba internals: unknown means compile aside, as on a cold machine)
-        return False
+    return kernels_cached(packed_engine._greedy)
 
 
 def choice_cache_file(policy, device: str, threads: int, drafter, k: int, names: list[str]) -> Path | None:

@@ -144,7 +144,7 @@ class BatchedFusedEngine:
                       np.zeros((rows, 4 * d)), np.zeros((rows, c.n_bins)), np.zeros(s))
         self._obs = np.zeros((n_slots, c.obs_dim))  # float32-rounded, as torch casts
         self._pos = np.zeros(rows, np.int64)
-        fe.kernels_ready("fused_batched", self._first_calls)
+        fe.kernels_ready("fused_batched", self._first_calls, (_batch_pass, _batch_greedy))
 
     def _first_calls(self) -> None:
         """A prefill of slot 0 and one greedy pass after it (fused_engine.kernels_ready): the kernels for the argument

@@ -270,9 +270,25 @@ def compile_lock(kind: str) -> Path:
     return Path(tempfile.gettempdir()) / f"edgeinfer-numba-{kind}-{os.getuid()}.lock"
 
 
-def kernels_ready(kind: str, first_calls: Callable[[], None]) -> None:
+def kernels_cached(*kernels) -> bool:
+    """Whether numba's on-disk cache holds an entry of each of `kernels` (njit dispatchers) for their current source
+    (numba's cache index, read as numba reads it); False when it cannot be told (no kernels, no cache, other numba
+    internals)."""
+    try:
+        return bool(kernels) and all(kernel._cache._cache_file._load_index() for kernel in kernels)
+    except Exception:  # noqa: BLE001  (numba internals: unknown means compile, under the lock)
+        return False
+
+
+def kernels_ready(kind: str, first_calls: Callable[[], None], kernels: tuple = ()) -> None:
     """Run `first_calls` (an engine's first call of each kernel entry: compiled, or loaded from numba's on-disk cache)
-    holding its kind's compile lock (compile_lock, core.filelock), so that an engine's first pass is a pass."""
+    so that an engine's first pass is a pass: holding its kind's compile lock (compile_lock, core.filelock) unless
+    numba's cache already holds each of `kernels` (the entries first_calls calls, kernels_cached). Loading needs no
+    turn, and an engine whose kernels are cached never waits for a process that compiles others of its kind (another
+    argument type, the packed engine's second thread), however slowly that process runs (a niced benchmark)."""
+    if kernels_cached(*kernels):
+        first_calls()
+        return
     lock = compile_lock(kind)
     waiting = say_waiting("engine", f"compiling the {kind} kernels", "they then load from its cache", lock,
                           COMPILE_WAIT_S)
@@ -366,7 +382,7 @@ class FusedEngine(OneCallEngine):
         self._run_tokens = np.zeros(c.n_tokens, np.int64)  # greedy_run's committed and new tokens
         self._logits1 = np.empty((1, c.n_bins), np.float32)  # the logits of one greedy pass
         self.plan = None  # no plan file: the weights are copied at start-up
-        kernels_ready(self.backend, self._first_calls)
+        kernels_ready(self.backend, self._first_calls, (_pass, _greedy))
 
     @classmethod
     def from_policy(cls, policy, precision: str = "fp32", device: str = "cpu", threads: int = 1) -> "FusedEngine":

@@ -365,7 +365,7 @@ class PackedEngine(OneCallEngine):
         self._logits1 = np.empty((1, c.n_bins), f32)
         self._worker = None
         self.plan = None  # no plan file: the weights are packed at start-up
-        kernels_ready(self.backend, self._first_calls)
+        kernels_ready(self.backend, self._first_calls, (_pass, _greedy) + ((_worker,) if threads == 2 else ()))
         if threads == 2:
             self._worker = threading.Thread(target=_serve, args=(self._ctl, self._arrays), name="packed-engine-worker",
                                             daemon=True)
