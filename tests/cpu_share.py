@@ -16,7 +16,7 @@ Two more things keep the slots busy with work rather than waiting:
   worker) starts with every background test, so one worker has CPU-bound work while the others' replays hold the
   slots, instead of each worker waiting for a slot in turn.
 - `start_warm_up`: the run's controller builds, once, what every replay's runtime opens first on a cold machine
-  (numba's fused and packed kernels, the ONNX plan, the engine choice: engines/backends/auto.py) while the workers
+  (numba's fused, packed and batched kernels, the ONNX plan, the engine choice: engines/backends/auto.py) while the workers
   collect. The tests that hold a slot wait for it (`wait_for_warm_up`); the background tests do not. Without it, the
   first replay measured the engines for ~30 s and the next one waited on the measurement's lock holding a slot.
 """
@@ -148,6 +148,7 @@ def order(items: list, worker_count: int) -> list:
 # ------------------------------------------------------------------------------------------------------ warm-up
 _WARM_UP = """
 from edgeinfer.engines.backends import auto
+from edgeinfer.engines.backends.batched import open_batched
 from edgeinfer.engines.models.served import open_engine
 from edgeinfer.engines.models.policy import load_policy
 from edgeinfer.node.runtime import PolicyRuntime, RuntimeConfig
@@ -156,6 +157,7 @@ aside = auto._compile_packed_aside(1)  # the slowest compile, on another CPU
 policy = load_policy()
 for name in ("fused", "onnxruntime"):
     open_engine(policy, name, "fp32", "cpu", 1)
+open_batched(policy, "fused", 2)  # a fleet runtime's
 if aside is not None:
     aside.wait()
 runtime = PolicyRuntime(RuntimeConfig())  # backend auto: measures once, on a machine only background tests share
