@@ -16,8 +16,8 @@ Two more things keep the slots busy with work rather than waiting:
   worker) starts with every background test, so one worker has CPU-bound work while the others' replays hold the
   slots, instead of each worker waiting for a slot in turn.
 - `start_warm_up`: the run's controller builds, once, what every replay's runtime opens first on a cold machine
-  (numba's fused, packed and batched kernels, the ONNX plan, the engine choice: engines/backends/auto.py) while the workers
-  collect. The tests that hold a slot wait for it (`wait_for_warm_up`); the background tests do not. Without it, the
+  (numba's fused, packed and batched kernels, the ONNX plan, the engine choice: engines/backends/auto.py) while the
+  workers collect. The tests that hold a slot wait for it (`wait_for_warm_up`); the background tests do not. Without it, the
   first replay measured the engines for ~30 s and the next one waited on the measurement's lock holding a slot.
 """
 from __future__ import annotations
@@ -100,24 +100,36 @@ def share_dir() -> Path:
 @contextlib.contextmanager
 def cpu_slot(folder: Path, n: int, poll_s: float = SLOT_POLL_S):
     """Hold one of `n` CPU slots (an exclusive flock on folder/slot-<k>, k < n) while the block runs; waits, polling
-    every poll_s, while all n are held by other processes. The files are opened once per process (close-on-exec: a
-    process a test starts does not hold its slot; a forked one shares the lock, which LOCK_UN releases)."""
+    every poll_s, while all n are held by other processes, first in line (folder/queue): a worker that frees a slot
+    and wants one for its next test waits behind a worker already waiting (polling alone, the waiter lost each race
+    to it and waited 34 s at the end of a run). The files are opened once per process (close-on-exec: a process a
+    test starts does not hold its slot; a forked one shares the lock, which LOCK_UN releases)."""
     if folder not in _slot_fds:
         folder.mkdir(parents=True, exist_ok=True)
-        _slot_fds[folder] = [os.open(folder / f"slot-{k}", os.O_RDWR | os.O_CREAT, 0o600) for k in range(n)]
-    fds = _slot_fds[folder]
-    while True:
-        for fd in fds:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                continue
-            try:
-                yield
-            finally:
-                fcntl.flock(fd, fcntl.LOCK_UN)
-            return
-        time.sleep(poll_s)
+        _slot_fds[folder] = [os.open(folder / name, os.O_RDWR | os.O_CREAT, 0o600)
+                             for name in ["queue", *(f"slot-{k}" for k in range(n))]]
+    queue, *slots = _slot_fds[folder]
+    fcntl.flock(queue, fcntl.LOCK_EX)  # one waiter at a time: a worker that frees a slot queues behind it
+    try:
+        while (fd := _free_slot(slots)) is None:
+            time.sleep(poll_s)
+    finally:
+        fcntl.flock(queue, fcntl.LOCK_UN)
+    try:
+        yield
+    finally:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+
+
+def _free_slot(slots: list[int]) -> int | None:
+    """The first of `slots` this process could lock (now held), else None."""
+    for fd in slots:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return fd
+        except BlockingIOError:
+            continue
+    return None
 
 
 def share(item, worker_count: int):

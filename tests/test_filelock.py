@@ -6,8 +6,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 from edgeinfer.core.filelock import held
 from edgeinfer.engines.backends import fused_engine
 from edgeinfer.engines.backends.fused_engine import FusedEngine, compile_lock, kernels_cached
@@ -47,9 +45,10 @@ def test_a_waiter_gets_the_lock_once_its_holder_dies_and_gives_up_after_its_time
         assert got is False
 
 
-def _engine_beside_a_held_lock(tmp_path: Path, env: dict) -> tuple[subprocess.Popen, subprocess.Popen, Path]:
+def _engine_beside_a_held_lock(tmp_path: Path, env: dict, cold: bool = False):
     """(a process holding the fused compile lock, a process making a FusedEngine meanwhile, the marker the holder
-    writes as it lets go); the lock is this test's own (TMPDIR): the suite's engines keep theirs."""
+    writes as it lets go); the lock is this test's own (TMPDIR): the suite's engines keep theirs. cold: the engine's
+    process finds no kernel in numba's cache (fused_engine.kernels_cached)."""
     marker = tmp_path / "released"
     env = {**os.environ, **env, "TMPDIR": str(tmp_path)}
     lock = tmp_path / compile_lock("fused").name
@@ -57,6 +56,8 @@ def _engine_beside_a_held_lock(tmp_path: Path, env: dict) -> tuple[subprocess.Po
     script = ("import sys; from pathlib import Path\n"
               "from edgeinfer.engines.backends.fused_engine import FusedEngine, compile_lock\n"
               "from edgeinfer.engines.models.policy import load_policy\n"
+              f"if {cold}:\n"
+              "    import edgeinfer.engines.backends.fused_engine as fe; fe.kernels_cached = lambda *k: False\n"
               "policy = load_policy()\n"
               f"assert compile_lock('fused') == Path({str(lock)!r}), compile_lock('fused')\n"
               "print('making', flush=True)\n"
@@ -68,11 +69,11 @@ def _engine_beside_a_held_lock(tmp_path: Path, env: dict) -> tuple[subprocess.Po
     return holder, engine, marker
 
 
-@pytest.mark.background  # it compiles the fused kernels into a cache of its own
 def test_an_engine_opened_while_another_process_compiles_waits_for_its_kernels(tmp_path):
     """The compile lock is held by another process (as while it compiles) and numba's cache does not hold the fused
-    kernels: a FusedEngine made meanwhile returns only after that process let go."""
-    holder, engine, _ = _engine_beside_a_held_lock(tmp_path, {"NUMBA_CACHE_DIR": str(tmp_path / "numba")})
+    kernels (kernels_cached says so, in the engine's process: a cold cache would cost a compile here): a FusedEngine
+    made meanwhile returns only after that process let go."""
+    holder, engine, _ = _engine_beside_a_held_lock(tmp_path, {}, cold=True)
     # held: nothing comes for 5 s (unlocked, it would have compiled and returned by then, or be compiling)
     assert select.select([engine.stdout], [], [], 5.0)[0] == [] and engine.poll() is None
     holder.communicate("release\n", timeout=60)  # the marker is written, then the lock goes
