@@ -17,8 +17,9 @@ Two more things keep the slots busy with work rather than waiting:
   slots, instead of each worker waiting for a slot in turn.
 - `start_warm_up`: the run's controller builds, once, what every replay's runtime opens first on a cold machine
   (numba's fused, packed and batched kernels, the ONNX plan, the engine choice: engines/backends/auto.py) while the
-  workers collect. The tests that hold a slot wait for it (`wait_for_warm_up`); the background tests do not. Without it, the
-  first replay measured the engines for ~30 s and the next one waited on the measurement's lock holding a slot.
+  workers collect. The tests that hold a slot wait for it (`wait_for_warm_up`); the background tests do not.
+  Without it, the first replay measured the engines for ~30 s and the next one waited on the measurement's lock
+  holding a slot.
 """
 from __future__ import annotations
 
