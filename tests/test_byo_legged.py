@@ -4,6 +4,7 @@ MCAP log written here (JointState + sensor_msgs/Imu + a geometry_msgs/Twist comm
 Schunk measurement_1 when ../shared/data has it), through the runtime node and the replay loop."""
 from __future__ import annotations
 
+import importlib.util
 import json
 from pathlib import Path
 
@@ -15,9 +16,8 @@ from test_serve import _next, _obs, _step_until_chunk, node_and_peers  # noqa: F
 
 from edgeinfer.core.wire import ObservationMismatch
 
-pytest.importorskip("onnx")
-pytest.importorskip("onnxruntime")
-pytest.importorskip("mcap_ros2")
+pytestmark = pytest.mark.skipif(any(importlib.util.find_spec(m) is None for m in ("onnx", "onnxruntime", "mcap_ros2")),
+                                reason="needs onnx, onnxruntime and mcap_ros2 (the logs extra)")
 
 ROOT = Path(__file__).resolve().parents[1]
 LEGGED_SPEC = ROOT / "launch" / "legged_example.toml"

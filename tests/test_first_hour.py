@@ -255,6 +255,7 @@ def test_embedding_doc_gives_the_measured_warm_up():
 
 
 @pytest.mark.slow
+@pytest.mark.background  # a training: CPU-bound, no real-time bound (tests/cpu_share.py)
 def test_train_piped_to_a_log_reports_its_steps(tmp_path, schunk_dir):
     out = run_edgeinfer(tmp_path, ["train", "--data", str(schunk_dir), "--steps", "4", "--batch-size", "8",
                                    "--out", str(tmp_path / "p" / "mini_target.json")], timeout_s=600)

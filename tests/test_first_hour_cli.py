@@ -48,6 +48,7 @@ def test_bad_paths_name_their_option(tmp_path):
         "name (default, large, dct)")
 
 
+@pytest.mark.background  # start-up errors only: no real-time bound (tests/cpu_share.py)
 def test_a_file_that_is_not_a_manifest_is_named_by_serve_and_replay_alike(tmp_path):
     """One reader of manifests (engines/models/paths.read_manifest) for the replayer's preflight and the runtime."""
     from edgeinfer.core.config import to_argv

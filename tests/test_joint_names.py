@@ -4,6 +4,7 @@ joints. Files are written by each format's own library (mcap + mcap-ros2-support
 tmp_path; the URDF lists the joints in another order than the log, with different limits per joint."""
 from __future__ import annotations
 
+import importlib.util
 import json
 from pathlib import Path
 
@@ -19,7 +20,7 @@ from edgeinfer.logs.lerobot_log import read_lerobot_log
 from edgeinfer.logs.mcap_log import read_mcap_log
 from edgeinfer.logs.rosbag_log import read_rosbag_log
 
-pytest.importorskip("yourdfpy")
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("yourdfpy") is None, reason="needs yourdfpy")
 
 LOG_ORDER = ["knee", "hip", "ankle"]  # as the robot's driver publishes them
 # the URDF lists them in another order, each with its own limits: (lower, upper, velocity)

@@ -121,6 +121,7 @@ def ticks(draw, d: int):
     return out
 
 
+@pytest.mark.background  # pure code: no real-time bound (tests/cpu_share.py)
 @settings(max_examples=400, deadline=None)
 @given(data=st.data())
 def test_no_command_leaves_the_box_or_the_speed_limit(data):
@@ -143,6 +144,7 @@ def test_no_command_leaves_the_box_or_the_speed_limit(data):
         last, last_t = q, t
 
 
+@pytest.mark.background  # pure code: no real-time bound (tests/cpu_share.py)
 @settings(max_examples=200, deadline=None)
 @given(data=st.data())
 def test_the_acceleration_limit_holds_wherever_the_box_does_not_intervene(data):

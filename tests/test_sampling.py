@@ -9,7 +9,6 @@ import itertools
 
 import numpy as np
 import pytest
-from scipy.stats import chisquare
 
 from edgeinfer.core.acceptance import Greedy, Relaxed, Sampling, softmax
 from edgeinfer.core.speculative import FixedK, speculative_decode
@@ -103,6 +102,8 @@ def sample_counts(target, drafter, rule, n, k):
 
 @pytest.mark.parametrize("temperature,top_p,k", [(1.0, 1.0, 3), (0.7, 0.8, 2)])
 def test_speculative_sampling_matches_the_target_distribution(temperature, top_p, k):
+    from scipy.stats import chisquare  # here, not at collection: scipy.stats takes 0.4 s to import
+
     target, draft_model = MarkovEngine(0), MarkovEngine(1)  # a different model: many rejections
     rule = Sampling(temperature, top_p, seed=42)
     _, expected = exact_distribution(target, rule)
@@ -115,6 +116,8 @@ def test_speculative_sampling_matches_the_target_distribution(temperature, top_p
 
 
 def test_a_wrong_residual_fails_the_same_test():
+    from scipy.stats import chisquare  # here, not at collection: scipy.stats takes 0.4 s to import
+
     target, draft_model = MarkovEngine(0), MarkovEngine(1)
     rule = WrongResidual(seed=42)
     _, expected = exact_distribution(target, rule)
