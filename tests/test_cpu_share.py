@@ -16,7 +16,14 @@ SHARED = WORKERS >= 2 and cpu_share.may_renice()
 
 
 def _nices() -> set[int]:
-    return {os.getpriority(os.PRIO_PROCESS, int(tid)) for tid in os.listdir("/proc/self/task")}
+    """The niceness of every thread of this process (a thread that exits meanwhile is skipped)."""
+    nices = set()
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            nices.add(os.getpriority(os.PRIO_PROCESS, int(tid)))
+        except ProcessLookupError:
+            pass
+    return nices
 
 
 def _flocks_held_by(pid: int) -> set[int]:
