@@ -161,6 +161,15 @@ def order(items: list, worker_count: int) -> list:
 
 # ------------------------------------------------------------------------------------------------------ warm-up
 _WARM_UP = """
+import os, signal, threading, time
+from edgeinfer.core.lifecycle import ParentWatch
+
+def _die_with_the_run(watch=ParentWatch()):  # a killed controller leaves no warm-up (nor its packed compile) behind
+    while not watch.parent_gone():
+        time.sleep(0.5)
+    os.killpg(0, signal.SIGKILL)
+
+threading.Thread(target=_die_with_the_run, daemon=True).start()
 from edgeinfer.engines.backends import auto
 from edgeinfer.engines.backends.batched import open_batched
 from edgeinfer.engines.models.served import open_engine
