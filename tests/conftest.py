@@ -84,6 +84,7 @@ def _workers() -> int:
     return int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
 
 
+@pytest.hookimpl(optionalhook=True)  # pytest-xdist's: `-p no:xdist` runs the suite serially
 def pytest_xdist_auto_num_workers(config):
     return cpu_share.workers()
 

@@ -8,8 +8,9 @@ code) take no slot and run at nice 19 (BACKGROUND_NICE) with every process they 
 replays leave idle (a replay sleeps between its ticks) and yield them as soon as a replay's process wakes. `-n auto`
 therefore starts one worker more than there are CPUs (`workers`), so that a background test always has a worker.
 Where a raised niceness cannot be lowered again (not root, no RLIMIT_NICE), it is one worker per CPU, no slot and
-no renicing. Measured on the 2-core EPYC VM, a fresh clone: one worker per CPU 408 s, one more without slots ran
-~60 s faster but its replays missed their bounds (26 misses against 25, pre-roll rows dropped as stale).
+no renicing. Measured on the 2-core EPYC VM, a fresh clone: one worker per CPU 408 s; one more without slots ran
+~60 s faster, but three replays then ran at once on two CPUs and missed their bounds (26 misses against 25,
+pre-roll rows dropped as stale); one more with slots (and the rest below) 309-352 s, no miss.
 
 Two more things keep the slots busy with work rather than waiting:
 - `order`: the last worker's initial share (pytest-xdist's worksteal splits the collection into equal runs, one per
