@@ -77,7 +77,7 @@ def ep():
 # tests/cpu_share.py: one worker more than there are CPUs; background tests at nice 19, every other test holding one
 # of the run's CPU slots, so that no more real-time replays run at once than there are CPUs; the background tests
 # first in the last worker's share; the engines every replay opens built once, before the first replay.
-_WARM_UP = pytest.StashKey()
+_WARM_UP_PROC = pytest.StashKey()
 
 
 def _workers() -> int:
@@ -91,11 +91,11 @@ def pytest_xdist_auto_num_workers(config):
 
 def pytest_configure(config):
     if not hasattr(config, "workerinput") and cpu_share.slots_used(getattr(config.option, "numprocesses", 0) or 0):
-        config.stash[_WARM_UP] = cpu_share.start_warm_up()  # the controller, before its workers start
+        config.stash[_WARM_UP_PROC] = cpu_share.start_warm_up()  # the controller, before its workers start
 
 
 def pytest_unconfigure(config):
-    if _WARM_UP in config.stash and (failed := cpu_share.finish_warm_up(config.stash[_WARM_UP])):
+    if _WARM_UP_PROC in config.stash and (failed := cpu_share.finish_warm_up(config.stash[_WARM_UP_PROC])):
         print(f"\ntests/cpu_share.py: {failed}")
 
 

@@ -94,10 +94,9 @@ _slot_fds: dict[Path, list[int]] = {}
 
 
 def share_dir() -> Path:
-    """The run's folder, shared by its workers: made by the controller (start_warm_up), else one per xdist run."""
-    if SHARE_DIR_ENV in os.environ:
-        return Path(os.environ[SHARE_DIR_ENV])
-    return Path(tempfile.gettempdir()) / f"edgeinfer-pytest-{os.environ.get('PYTEST_XDIST_TESTRUNUID', 'solo')}"
+    """The run's folder, shared by its workers, made by the controller (start_warm_up; a run that shares no CPU has
+    none: a path that does not exist)."""
+    return Path(os.environ.get(SHARE_DIR_ENV) or Path(tempfile.gettempdir()) / "edgeinfer-pytest-unshared")
 
 
 @contextlib.contextmanager
@@ -165,27 +164,19 @@ _WARM_UP = """
 import os, signal, threading, time
 from edgeinfer.core.lifecycle import ParentWatch
 
-def _die_with_the_run(watch=ParentWatch()):  # a killed controller leaves no warm-up (nor its packed compile) behind
+def _die_with_the_run(watch):  # a killed controller leaves no warm-up (nor its packed compile) behind
     while not watch.parent_gone():
         time.sleep(0.5)
     os.killpg(0, signal.SIGKILL)
 
-threading.Thread(target=_die_with_the_run, daemon=True).start()
-from edgeinfer.engines.backends import auto
+threading.Thread(target=_die_with_the_run, args=(ParentWatch(),), daemon=True).start()
 from edgeinfer.engines.backends.batched import open_batched
-from edgeinfer.engines.models.served import open_engine
-from edgeinfer.engines.models.policy import load_policy
 from edgeinfer.node.runtime import PolicyRuntime, RuntimeConfig
 
-aside = auto._compile_packed_aside(1)  # the slowest compile, on another CPU
-policy = load_policy()
-for name in ("fused", "onnxruntime"):
-    open_engine(policy, name, "fp32", "cpu", 1)
-open_batched(policy, "fused", 2)  # a fleet runtime's
-if aside is not None:
-    aside.wait()
-runtime = PolicyRuntime(RuntimeConfig())  # backend auto: measures once, on a machine only background tests share
+# backend auto, as a replay's runtime: every candidate built (packed compiled aside), the choice measured and cached
+runtime = PolicyRuntime(RuntimeConfig())
 print("warm-up: engine choice", runtime.engine_choice["chosen"], "cached" if runtime.engine_choice["cached"] else "")
+open_batched(runtime.policy, "fused", 2)  # a fleet runtime's kernels
 """
 _warm_up_done = False
 
@@ -218,9 +209,10 @@ def finish_warm_up(proc: subprocess.Popen) -> str | None:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
     code = proc.wait()
-    log = (folder / "warm-up.log").read_text(errors="replace") if code else None
+    failed = None if code in (0, -signal.SIGKILL) else \
+        f"warm-up exited {code}:\n{(folder / 'warm-up.log').read_text(errors='replace')[-3000:]}"
     shutil.rmtree(folder, ignore_errors=True)
-    return None if code in (0, -signal.SIGKILL) else f"warm-up exited {code}:\n{log[-3000:]}"
+    return failed
 
 
 def wait_for_warm_up() -> None:
