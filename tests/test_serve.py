@@ -9,7 +9,7 @@ import pytest
 import zmq
 
 from edgeinfer.core.clock import now_ns
-from edgeinfer.core.transport import Endpoints, Receiver, pub, pull, send, sub
+from edgeinfer.core.transport import Endpoints, Receiver, pub, pull, send, sub, wait_for_hello
 from edgeinfer.core.wire import ActionChunk, Hello, Observation, Start, Stats, Stop
 from edgeinfer.node.faults import FaultConfig
 from edgeinfer.node.runtime import NullRuntime, RuntimeConfig
@@ -37,6 +37,7 @@ def node_and_peers():
         shaker.start()
         while not isinstance(ready.recv(20), Hello):  # until the runtime hears us and says it is ready
             send(obs_pub, Hello("replayer", 0, now_ns()))
+        wait_for_hello([chunks], 10.0)  # our chunk SUB is live: no first chunk lost (as sim/session.py)
         send(obs_pub, Start(now_ns(), 4_000_000, 1000))
         shaker.join(10)
         assert result == {"ok": True}
