@@ -8,7 +8,8 @@ from pathlib import Path
 
 from edgeinfer.core.filelock import held
 from edgeinfer.engines.backends import fused_engine
-from edgeinfer.engines.backends.fused_engine import FusedEngine, compile_lock, kernels_cached
+from edgeinfer.engines.backends.fused_engine import FusedEngine
+from edgeinfer.engines.backends.kernel_cache import compile_lock, kernels_cached
 
 RELEASE_ON_INPUT = """
 import sys
@@ -48,16 +49,17 @@ def test_a_waiter_gets_the_lock_once_its_holder_dies_and_gives_up_after_its_time
 def _engine_beside_a_held_lock(tmp_path: Path, env: dict, cold: bool = False):
     """(a process holding the fused compile lock, a process making a FusedEngine meanwhile, the marker the holder
     writes as it lets go); the lock is this test's own (TMPDIR): the suite's engines keep theirs. cold: the engine's
-    process finds no kernel in numba's cache (fused_engine.kernels_cached)."""
+    process finds no kernel in numba's cache (kernel_cache.kernels_cached)."""
     marker = tmp_path / "released"
     env = {**os.environ, **env, "TMPDIR": str(tmp_path)}
     lock = tmp_path / compile_lock("fused").name
     holder = _hold(lock, marker)
     script = ("import sys; from pathlib import Path\n"
-              "from edgeinfer.engines.backends.fused_engine import FusedEngine, compile_lock\n"
+              "from edgeinfer.engines.backends.fused_engine import FusedEngine\n"
+              "from edgeinfer.engines.backends.kernel_cache import compile_lock\n"
               "from edgeinfer.engines.models.policy import load_policy\n"
               f"if {cold}:\n"
-              "    import edgeinfer.engines.backends.fused_engine as fe; fe.kernels_cached = lambda *k: False\n"
+              "    import edgeinfer.engines.backends.kernel_cache as kc; kc.kernels_cached = lambda *k: False\n"
               "policy = load_policy()\n"
               f"assert compile_lock('fused') == Path({str(lock)!r}), compile_lock('fused')\n"
               "print('making', flush=True)\n"

@@ -334,7 +334,7 @@ _PACKED_ASIDE = ("import os, sys\n"
 
 def _compile_packed_aside(threads: int) -> subprocess.Popen | None:
     """A process that compiles the packed kernels (or loads them from numba's cache) holding their compile lock
-    (fused_engine.kernels_ready), started before choose_engine opens its candidates, packed last: on a cold machine
+    (kernel_cache.kernels_ready), started before choose_engine opens its candidates, packed last: on a cold machine
     the slowest compile (~23 s on the 2-core EPYC VM) runs beside this process's fused kernels and ONNX export, and
     packed's open then loads what it wrote. Its output goes to this process's stderr. None when numba's cache already
     holds them (nothing to compile: no process to wait for) or it cannot start."""
@@ -348,9 +348,9 @@ def _compile_packed_aside(threads: int) -> subprocess.Popen | None:
 
 
 def _packed_cached() -> bool:
-    """Whether numba's on-disk cache holds the packed engine's chunk kernel (fused_engine.kernels_cached)."""
+    """Whether numba's on-disk cache holds the packed engine's chunk kernel (kernel_cache.kernels_cached)."""
     from edgeinfer.engines.backends import packed_engine
-    from edgeinfer.engines.backends.fused_engine import kernels_cached
+    from edgeinfer.engines.backends.kernel_cache import kernels_cached
 
     return kernels_cached(packed_engine._greedy)
 

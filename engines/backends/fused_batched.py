@@ -40,6 +40,7 @@ import numpy as np
 
 from edgeinfer.core.protocols import Pass
 from edgeinfer.engines.backends import fused_engine as fe
+from edgeinfer.engines.backends.kernel_cache import kernels_ready
 
 _kernel = fe._kernel  # njit with the on-disk cache, fused_engine's flags
 
@@ -144,10 +145,10 @@ class BatchedFusedEngine:
                       np.zeros((rows, 4 * d)), np.zeros((rows, c.n_bins)), np.zeros(s))
         self._obs = np.zeros((n_slots, c.obs_dim))  # float32-rounded, as torch casts
         self._pos = np.zeros(rows, np.int64)
-        fe.kernels_ready("fused_batched", self._first_calls, (_batch_pass, _batch_greedy))
+        kernels_ready("fused_batched", self._first_calls, (_batch_pass, _batch_greedy))
 
     def _first_calls(self) -> None:
-        """A prefill of slot 0 and one greedy pass after it (fused_engine.kernels_ready): the kernels for the argument
+        """A prefill of slot 0 and one greedy pass after it (kernel_cache.kernels_ready): the kernels for the argument
         types every later call has; slot 0's cache rows are overwritten by its first real prefill."""
         self.forward_batch([Pass(0, np.zeros(self.cfg.obs_dim, np.float32), (), 0)])
         self.greedy_runs([(0, 1, 0, 1)])

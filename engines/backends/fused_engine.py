@@ -18,24 +18,18 @@ rollback is a no-op, as in the other engines. Work buffers are preallocated; a p
 `greedy_chunk` decodes a whole target-only chunk in one call.
 
 Compile cost: the kernels compile on first use (cold: ~25 s on a loaded 2-core VM) and numba caches them
-on disk (warm: ~1 s to load), in the first writable folder of $NUMBA_CACHE_DIR, engines/__pycache__,
-~/.cache/numba. A read-only install with a read-only home has none: the kernels then compile in every
-process, with a warning (checked in a read-only mount namespace). An engine compiles (or loads) its kernels when it
-is made, holding a machine-wide lock per engine kind (kernels_ready): processes that start together compile once.
+on disk (warm: ~1 s to load). An engine compiles (or loads) its kernels when it is made, taking turns with other
+processes that start together (engines/backends/kernel_cache.py: where the cache lives, the compile lock, what
+happens to an unreadable cache file).
 """
 from __future__ import annotations
 
 import math
-import os
-import sys
-import tempfile
-from pathlib import Path
-from typing import Callable, Sequence
+from typing import Sequence
 
 import numpy as np
-from numba import njit
 
-from edgeinfer.core.filelock import held, say_waiting
+from edgeinfer.engines.backends.kernel_cache import cached_njit, kernels_ready
 from edgeinfer.engines.models.model import ActionTransformer
 
 # tensors of the flat weight array, in order; per-layer ones repeat for each block (_pack)
@@ -70,25 +64,15 @@ def _pack(state: dict, n_layers: int) -> tuple[np.ndarray, np.ndarray]:
 # reassociation and FMA contraction let LLVM vectorise the float64 dot products (3x faster); no nnan/ninf/afn,
 # so the attention's -inf start and exp/erf stay exact
 _FASTMATH = {"reassoc", "contract", "nsz", "arcp"}
-_uncached: list[str] = []  # kernels compiled without the on-disk cache (no writable cache folder)
 
 
 def _kernel(fn=None, **options):
-    """njit, cached on disk in the first writable folder numba finds ($NUMBA_CACHE_DIR, engines/__pycache__,
-    ~/.cache/numba); where none is (a read-only install and home), compiled in each process instead. options:
-    more njit options (`@_kernel(error_model="numpy")`)."""
+    """kernel_cache.cached_njit with this engine's fastmath flags; options: more njit options
+    (`@_kernel(error_model="numpy")`)."""
     if fn is None:
         return lambda f: _kernel(f, **options)
-    try:
-        return njit(cache=True, nogil=True, fastmath=_FASTMATH, **options)(fn)
-    except RuntimeError as e:  # numba.core.caching: "cannot cache function ...: no locator available ..."
-        if "no locator available" not in str(e):
-            raise
-        if not _uncached:
-            print("WARNING: fused engine: no writable numba cache folder, so its kernels compile in every process "
-                  "(~25 s on a busy 2-core machine): set NUMBA_CACHE_DIR to a writable folder", file=sys.stderr)
-        _uncached.append(fn.__name__)
-        return njit(nogil=True, fastmath=_FASTMATH, **options)(fn)
+    return cached_njit(fn, fastmath=_FASTMATH, **options)
+
 
 @_kernel
 def _linear(x, t, w, off, wi, y):
@@ -257,44 +241,6 @@ def _greedy(w, off, dims, eps, kv, x, h, qkv, att, mlp, out, scores, obs, tokens
 
 
 # --- the engine ---------------------------------------------------------------------------------------
-
-# Processes that start at once on a cold machine (a fleet's runtimes, a launch file, test workers) compile an engine's
-# kernels one at a time: the first compiles and writes numba's cache, the others load it (~10-25 s each otherwise,
-# side by side on the same CPUs). One lock per engine kind (different kernels compile side by side), per user and
-# machine: a lock, not a cache, so any clone or install may share it.
-COMPILE_WAIT_S = 300.0  # the longest an engine waits for another process's compile before compiling itself
-
-
-def compile_lock(kind: str) -> Path:
-    """The lock file of engine kind `kind`'s kernels ("fused", "packed", "fused_batched"), in the temp folder."""
-    return Path(tempfile.gettempdir()) / f"edgeinfer-numba-{kind}-{os.getuid()}.lock"
-
-
-def kernels_cached(*kernels) -> bool:
-    """Whether numba's on-disk cache holds an entry of each of `kernels` (njit dispatchers) for their current source
-    (numba's cache index, read as numba reads it); False when it cannot be told (no kernels, no cache, other numba
-    internals)."""
-    try:
-        return bool(kernels) and all(kernel._cache._cache_file._load_index() for kernel in kernels)
-    except Exception:  # noqa: BLE001  (numba internals: unknown means compile, under the lock)
-        return False
-
-
-def kernels_ready(kind: str, first_calls: Callable[[], None], kernels: tuple = ()) -> None:
-    """Run `first_calls` (an engine's first call of each kernel entry: compiled, or loaded from numba's on-disk cache)
-    so that an engine's first pass is a pass: holding its kind's compile lock (compile_lock, core.filelock) unless
-    numba's cache already holds each of `kernels` (the entries first_calls calls, kernels_cached). Loading needs no
-    turn, and an engine whose kernels are cached never waits for a process that compiles others of its kind (another
-    argument type, the packed engine's second thread), however slowly that process runs (a niced benchmark)."""
-    if kernels_cached(*kernels):
-        first_calls()
-        return
-    lock = compile_lock(kind)
-    waiting = say_waiting("engine", f"compiling the {kind} kernels", "they then load from its cache", lock,
-                          COMPILE_WAIT_S)
-    with held(lock, COMPILE_WAIT_S, waiting):
-        first_calls()
-
 
 class OneCallEngine:
     """What the fused and packed engines share: a pass, a whole greedy chunk or a target-only stretch is ONE numba

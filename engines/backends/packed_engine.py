@@ -57,9 +57,9 @@ from edgeinfer.engines.backends.fused_engine import (
     _check,
     _kernel,
     _layer_norm,
-    kernels_ready,
     softmax_mix,
 )
+from edgeinfer.engines.backends.kernel_cache import kernels_ready
 from edgeinfer.engines.backends.simd import linear, pack_linear, padded, panel_columns
 from edgeinfer.engines.backends.spin import LINE, cas, load, store
 from edgeinfer.engines.models.model import ActionTransformer
