@@ -1,5 +1,6 @@
 """A node that dies during start-up is named with how it ended (a signal by name, with its likely sender) and the
-end of its log, or the word that its log is empty: never "exited with code -9" and nothing after it."""
+end of its log, or the word that its log is empty: never "exited with code -9" and nothing after it.
+A node starting says what it is doing: its log's last line."""
 from __future__ import annotations
 
 import pytest
@@ -39,3 +40,16 @@ def test_start_up_death_says_how_and_shows_the_log(tmp_path, code, log_text, mat
     node = _dead(tmp_path, code, log_text)
     with pytest.raises(RuntimeError, match=match):
         NodeGroup().check_started([node])
+
+
+def test_a_starting_node_says_what_it_is_doing_by_the_last_line_of_its_log(tmp_path):
+    """Node.last_line: what a replay's start-up progress shows beside its label (a wait for a compile, say)."""
+    node = Node(NodeSpec("serve", (), "runtime", tmp_path / "runtime.log"), _Ended(0))
+    assert node.last_line() == ""  # no log yet
+    node.spec.log.write_text("")
+    assert node.last_line() == ""
+    node.spec.log.write_text("x" * 10_000 + "\nruntime: loading\nengine: waiting for process 7 to finish compiling\n")
+    assert node.last_line() == "engine: waiting for process 7 to finish compiling"
+    node.spec.log.write_text("y" * 10_000)  # one long line: its end, not the whole file
+    assert node.last_line() == "y" * 400
+    assert Node(NodeSpec("serve", (), "runtime", None), _Ended(0)).last_line() == ""  # a node without a log

@@ -87,6 +87,17 @@ class Node(Started):
     def kill(self) -> None:
         self.send_signal(signal.SIGKILL)
 
+    def last_line(self, chars: int = 400) -> str:
+        """The last line its log holds now, at most `chars` characters from its end ("" before the first): what it
+        is doing, for a progress line (reads only the log's end)."""
+        try:
+            with open(self.spec.log, "rb") as f:
+                f.seek(max(0, f.seek(0, os.SEEK_END) - chars))
+                lines = f.read().decode(errors="replace").strip().splitlines()
+        except (OSError, TypeError):
+            return ""
+        return lines[-1] if lines else ""
+
     def tail(self, chars: int = 2000) -> str:
         """The end of its log ("(no log)" when it has none)."""
         try:
