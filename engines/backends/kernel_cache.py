@@ -13,7 +13,8 @@ install may share it. An engine whose kernels are cached takes no turn.
 
 Unreadable files: numba raises on a cache file it cannot unpickle (a disk fault, a partial copy) and does not
 recompile. kernels_ready then removes every cache file of this process's cached kernels that cannot be read, names
-them on stderr and compiles again; it re-raises when no file was unreadable (the error was the kernel's own).
+each on stderr and compiles again; it re-raises when no file was unreadable (the error was the kernel's own), and
+raises an error naming the file when one cannot be removed (a folder in its place, an immutable file).
 """
 from __future__ import annotations
 
@@ -46,7 +47,22 @@ def cached_njit(fn, **options):
         _uncached.append(fn.__name__)
         return njit(nogil=True, **options)(fn)
     _cached.append(kernel)
+    _check_cache_dir(kernel)
     return kernel
+
+
+def _check_cache_dir(kernel) -> None:
+    """Warn once when $NUMBA_CACHE_DIR is set but numba caches elsewhere (it skips a folder it cannot write)."""
+    wanted = os.environ.get("NUMBA_CACHE_DIR")
+    if not wanted or _cached[0] is not kernel:
+        return
+    try:
+        used = Path(kernel._cache._cache_path)
+    except AttributeError:  # numba internals
+        return
+    if not used.resolve().is_relative_to(Path(wanted).resolve()):
+        print(f"WARNING: engine: NUMBA_CACHE_DIR={wanted} cannot be written, so numba caches the kernels in {used}",
+              file=sys.stderr)
 
 
 def compile_lock(kind: str) -> Path:
@@ -78,9 +94,9 @@ def unreadable_files() -> list[Path]:
         for name in names:
             try:
                 store._load_data(name)
-            except OSError:
+            except FileNotFoundError:
                 pass
-            except Exception:  # noqa: BLE001
+            except Exception:  # noqa: BLE001  (a folder in its place included: numba cannot save over it either)
                 bad.append(Path(store._data_path(name)))
     return bad
 
@@ -95,14 +111,18 @@ def kernels_ready(kind: str, first_calls: Callable[[], None], kernels: tuple = (
     stderr, and first_calls runs again; otherwise its error is raised."""
     try:
         _first_calls(kind, first_calls, kernels)
-    except Exception:
+    except Exception as error:
         bad = unreadable_files()
         if not bad:
             raise
         for path in bad:
-            path.unlink(missing_ok=True)
-        print(f"WARNING: engine: removed {len(bad)} unreadable numba cache file(s) "
-              f"({', '.join(str(p) for p in bad)}); compiling the {kind} kernels again", file=sys.stderr, flush=True)
+            try:
+                path.unlink(missing_ok=True)
+            except OSError as e:
+                raise RuntimeError(f"numba cache file {path} cannot be read ({error!r}) nor removed ({e}): remove it, "
+                                   "or set NUMBA_CACHE_DIR to another folder") from error
+            print(f"WARNING: engine: removed the unreadable numba cache file {path}", file=sys.stderr, flush=True)
+        print(f"engine: compiling the {kind} kernels again", file=sys.stderr, flush=True)
         _first_calls(kind, first_calls, kernels)
 
 
