@@ -146,7 +146,7 @@ def replay(cfg: ReplayConfig, console: Console | None = None) -> dict:
         with Progress(f"starting runtime ({cfg.runtime.decode}) and control processes", console=console) as bar:
             # what the runtime is doing meanwhile (building its engine, waiting for another process's compile)
             socks.handshake(cfg.handshake_timeout_s, check=lambda: (run.group.check_started(procs),
-                                                                     bar.update(detail=procs[0].last_line())))
+                                                                     bar.update(detail=procs[0].status_line())))
         say(console, f"replaying {len(prep.log)} observations at {prep.log.rate_hz:.0f} Hz "
                      f"(about {(int(prep.ticks[-1]) + 1) * prep.period_ns / 1e9 + cfg.pre_roll_ms / 1e3:.1f} s)")
         # both nodes have opened (the control loop asks for its priority there): what each one got

@@ -74,7 +74,7 @@ def test_a_torchscript_model_of_another_width_is_refused_naming_the_fields_and_b
     assert ByoSpec.load(_spec(tmp_path, 6)).n_obs == 6  # the width it takes loads
 
 
-def test_a_new_start_begins_a_new_episode_of_a_stateful_policy(node_and_peers, tmp_path):
+def test_a_new_start_begins_a_new_episode_of_a_stateful_policy(node_and_peers, tmp_path):  # noqa: F811  (the fixture)
     spec = _spec(tmp_path, 6)
     node, obs_pub, chunks = node_and_peers(RuntimeConfig(byo_spec=spec))
     assert node.replan_every == 5  # a 50 Hz policy at the 250 Hz Start

@@ -65,7 +65,7 @@ def test_a_non_finite_model_output_skips_the_step(tmp_path):
     np.testing.assert_allclose(good.steps_rad[1], [np.log(2.0), 0.0], rtol=1e-6)
 
 
-def test_the_runtime_node_sends_continue_for_an_overflowing_observation_and_keeps_serving(node_and_peers, ur10):
+def test_the_runtime_node_sends_continue_for_an_overflowing_observation_and_keeps_serving(node_and_peers, ur10):  # noqa: F811
     node, obs_pub, chunks = node_and_peers(RuntimeConfig(byo_spec=UR10_SPEC))
     assert node.replan_every == 8  # a 30 Hz policy at the 250 Hz Start: one step per 8 observations
     q = _q0(ur10, PAST_FLOAT32)

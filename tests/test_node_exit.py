@@ -42,14 +42,22 @@ def test_start_up_death_says_how_and_shows_the_log(tmp_path, code, log_text, mat
         NodeGroup().check_started([node])
 
 
-def test_a_starting_node_says_what_it_is_doing_by_the_last_line_of_its_log(tmp_path):
-    """Node.last_line: what a replay's start-up progress shows beside its label (a wait for a compile, say)."""
+def test_a_starting_node_says_what_it_is_doing_by_the_last_status_line_of_its_log(tmp_path):
+    """Node.status_line: what a replay's start-up progress shows beside its label (a wait for a compile, say): the
+    nodes' own "who: what" lines, never a library warning's source line, a terminal escape or a control byte."""
     node = Node(NodeSpec("serve", (), "runtime", tmp_path / "runtime.log"), _Ended(0))
-    assert node.last_line() == ""  # no log yet
+    assert node.status_line() == ""  # no log yet
     node.spec.log.write_text("")
-    assert node.last_line() == ""
-    node.spec.log.write_text("x" * 10_000 + "\nruntime: loading\nengine: waiting for process 7 to finish compiling\n")
-    assert node.last_line() == "engine: waiting for process 7 to finish compiling"
-    node.spec.log.write_text("y" * 10_000)  # one long line: its end, not the whole file
-    assert node.last_line() == "y" * 400
-    assert Node(NodeSpec("serve", (), "runtime", None), _Ended(0)).last_line() == ""  # a node without a log
+    assert node.status_line() == ""
+    waiting = "engine: waiting for process 7 to finish compiling the fused kernels"
+    warning = ("/x/torch/onnx/_export.py:12: UserWarning: a rename mapping\n"
+               "  rename_mapping = _dynamic_shapes.create_rename_mapping(\n")
+    node.spec.log.write_text("x" * 10_000 + "\nruntime: loading\n" + waiting + "\n" + warning)
+    assert node.status_line() == waiting
+    node.spec.log.write_text("runtime: \x1b[31mred\x1b[0m \x1b[2J\x1b[1A\x1b]0;TITLE\x07title\x00\x01\x1b7 done\r\n")
+    assert node.status_line() == "runtime: red title done"
+    node.spec.log.write_text("runtime: " + "y" * 200)
+    assert node.status_line() == "runtime: " + "y" * 90 + "…"  # 100 characters
+    node.spec.log.write_text("y" * 10_000)  # no status line in the end of the log
+    assert node.status_line() == ""
+    assert Node(NodeSpec("serve", (), "runtime", None), _Ended(0)).status_line() == ""  # a node without a log

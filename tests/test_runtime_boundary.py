@@ -24,7 +24,7 @@ def _stats(msgs) -> dict:
     return next((m.counters for m in reversed(msgs) if isinstance(m, Stats) and m.sender == "runtime"), {})
 
 
-def test_a_start_with_an_absurd_period_is_refused_and_the_runtime_keeps_serving(runtime):
+def test_a_start_with_an_absurd_period_is_refused_and_the_runtime_keeps_serving(runtime):  # noqa: F811
     rt = runtime()
     src = rt.first_session()
     transport.send(src.pub, Start(src.now(), 0, 10**6))  # in the handshake: passed over, a valid one awaited
@@ -44,7 +44,7 @@ def test_a_start_with_an_absurd_period_is_refused_and_the_runtime_keeps_serving(
     assert counters["source_restarts"] == 0  # a refused Start begins no session
 
 
-def test_a_stream_300_ms_late_on_this_host_is_stale_and_never_served(runtime):
+def test_a_stream_300_ms_late_on_this_host_is_stale_and_never_served(runtime):  # noqa: F811
     # The red team's run on main: taken for a clock offset after 0.47 s, then 52 chunks from observations 304 ms old.
     rt = runtime()  # obs_clock "auto" on loopback: this host's clock
     src = rt.first_session(offset_ns=-300 * MS)  # stamps t, sends at t + 300 ms

@@ -35,7 +35,9 @@ def node_and_peers():
         result = {}
         shaker = threading.Thread(target=lambda: result.update(ok=node.handshake(10.0)))
         shaker.start()
+        deadline = now_ns() + 10_000_000_000
         while not isinstance(ready.recv(20), Hello):  # until the runtime hears us and says it is ready
+            assert now_ns() < deadline, "the runtime never answered the replayer's Hellos"
             send(obs_pub, Hello("replayer", 0, now_ns()))
         wait_for_hello([chunks], 10.0)  # our chunk SUB is live: no first chunk lost (as sim/session.py)
         send(obs_pub, Start(now_ns(), 4_000_000, 1000))

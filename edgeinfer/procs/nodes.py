@@ -60,6 +60,11 @@ class Started:
         return self.proc.wait(timeout=timeout)
 
 
+_ESCAPE = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)?|.?)")  # CSI, OSC, two-byte
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+_STATUS = re.compile(r"(?:WARNING: )?[A-Za-z][\w.-]*: \S")  # "who: what", not a warning's path or source line
+
+
 class Node(Started):
     """A started node: its spec, its process (subprocess.Popen, or a forkserver.ForkedNode), its state
     ("starting", then "ready"/"running" as its starter says, "done"/"failed" on exit, "stopped" when torn down)
@@ -87,16 +92,22 @@ class Node(Started):
     def kill(self) -> None:
         self.send_signal(signal.SIGKILL)
 
-    def last_line(self, chars: int = 400) -> str:
-        """The last line its log holds now, at most `chars` characters from its end ("" before the first): what it
-        is doing, for a progress line (reads only the log's end)."""
+    def status_line(self, chars: int = 4096, width: int = 100) -> str:
+        """The last status line in the end of its log (`chars` characters): a "who: what" line as the nodes write
+        them ("engine: waiting for process 7 to finish compiling ..."), terminal escapes and control characters
+        removed, cut to `width` characters; "" when there is none (no log, only a library's warning text). For a
+        progress line, to say what a starting node is doing."""
         try:
             with open(self.spec.log, "rb") as f:
                 f.seek(max(0, f.seek(0, os.SEEK_END) - chars))
-                lines = f.read().decode(errors="replace").strip().splitlines()
+                lines = f.read().decode(errors="replace").splitlines()
         except (OSError, TypeError):
             return ""
-        return lines[-1] if lines else ""
+        for line in reversed(lines):
+            line = _CONTROL.sub("", _ESCAPE.sub("", line)).strip()
+            if _STATUS.match(line):
+                return line if len(line) <= width else line[:width - 1] + "…"
+        return ""
 
     def tail(self, chars: int = 2000) -> str:
         """The end of its log ("(no log)" when it has none)."""
