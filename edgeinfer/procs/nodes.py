@@ -97,13 +97,7 @@ class Node(Started):
         them ("engine: waiting for process 7 to finish compiling ..."), terminal escapes and control characters
         removed, cut to `width` characters; "" when there is none (no log, only a library's warning text). For a
         progress line, to say what a starting node is doing."""
-        try:
-            with open(self.spec.log, "rb") as f:
-                f.seek(max(0, f.seek(0, os.SEEK_END) - chars))
-                lines = f.read().decode(errors="replace").splitlines()
-        except (OSError, TypeError):
-            return ""
-        for line in reversed(lines):
+        for line in reversed(self.tail(chars).splitlines()):  # "(no log)" is not a status line
             line = _CONTROL.sub("", _ESCAPE.sub("", line)).strip()
             if _STATUS.match(line):
                 return line if len(line) <= width else line[:width - 1] + "…"
